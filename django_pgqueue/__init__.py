@@ -1,0 +1,38 @@
+"""django-pgqueue: a durable PostgreSQL job queue and django.tasks backend.
+
+Public names only; models live in ``django_pgqueue.models`` (import them after setup).
+"""
+
+from .exceptions import (
+    EnqueueError,
+    InvalidArguments,
+    InvalidOption,
+    JobNotFound,
+    JobTimeout,
+    LeaseLost,
+    PayloadTooLarge,
+    PermanentError,
+    PgQueueError,
+    UnknownQueue,
+    UnknownTask,
+)
+from .states import JobStatus, WorkerStatus
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "EnqueueError",
+    "InvalidArguments",
+    "InvalidOption",
+    "JobNotFound",
+    "JobStatus",
+    "JobTimeout",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "PermanentError",
+    "PgQueueError",
+    "UnknownQueue",
+    "UnknownTask",
+    "WorkerStatus",
+    "__version__",
+]

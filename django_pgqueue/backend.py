@@ -1,0 +1,350 @@
+"""The ``django.tasks`` backend: jobs in PostgreSQL, run by ``manage.py runqueueworker``.
+
+Configure it in ``TASKS``::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "django_pgqueue.backend.PgQueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"DATABASE": "default"},  # optional
+        }
+    }
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Self
+
+from django.apps import apps
+from django.conf import settings
+from django.core import checks
+from django.db import connections
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from .compat import (
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    task_enqueued,
+)
+from .exceptions import InvalidOption, JobNotFound, UnknownQueue, UnknownTask
+from .manager import JobSpec
+from .payload import check_key
+from .states import JobStatus
+
+if TYPE_CHECKING:
+    from .models import Job
+
+__all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
+
+_STATUS_MAP = {
+    JobStatus.PENDING: TaskResultStatus.READY,
+    JobStatus.PROCESSING: TaskResultStatus.RUNNING,
+    JobStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    JobStatus.DEAD_LETTER: TaskResultStatus.FAILED,
+    JobStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+_CANCELLED_ERROR = "django_pgqueue.exceptions.JobCancelled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PgQueueTask(Task):  # type: ignore[type-arg]
+    """A ``django.tasks`` task with the options of a durable queue.
+
+    Set them in the decorator (``@task(max_attempts=8, timeout=60, atomic=True)``) or per
+    call with :meth:`using`.
+    """
+
+    #: Attempts before the job is dead-lettered (None: ``PGQUEUE_MAX_ATTEMPTS``).
+    max_attempts: int | None = None
+    #: Seconds one attempt may run before it is failed with ``JobTimeout`` (None: no cap).
+    timeout: float | None = None
+    #: Run the handler and its completion in one transaction (effectively-once writes).
+    atomic: bool = False
+    #: Enqueueing again with the same key returns the existing job instead of a new one.
+    idempotency_key: str | None = None
+    #: Jobs sharing a partition key run one at a time, in enqueue order.
+    partition_key: str | None = None
+
+    def using(  # type: ignore[override]
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: Any = None,
+        backend: str | None = None,
+        idempotency_key: str | None = None,
+        partition_key: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+    ) -> Self:
+        """Return a copy with some options changed (validated at once)."""
+        changes: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("priority", priority),
+                ("queue_name", queue_name),
+                ("run_after", run_after),
+                ("backend", backend),
+                ("idempotency_key", idempotency_key),
+                ("partition_key", partition_key),
+                ("max_attempts", max_attempts),
+                ("timeout", timeout),
+            )
+            if value is not None
+        }
+        return replace(self, **changes)
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[TaskResult]:  # type: ignore[type-arg]
+        """Enqueue one job per ``(args, kwargs)`` pair with a single INSERT statement.
+
+        All calls share this task's options; an idempotency key (if set) applies to all of
+        them, so use :meth:`QueueStore.enqueue_many` for per-job keys.
+        """
+        backend = self.get_backend()
+        if not isinstance(backend, PgQueueBackend):
+            raise InvalidTask(f"enqueue_many needs a PgQueueBackend, not {type(backend).__name__}")
+        return backend.enqueue_many(self, calls)
+
+
+class PgQueueBackend(BaseTaskBackend):
+    """Stores tasks as jobs in PostgreSQL; ``runqueueworker`` runs them."""
+
+    task_class = PgQueueTask
+
+    # run_after becomes the job's available_at; workers compare it with the database clock.
+    supports_defer = True
+    # Coroutine functions run on the worker's event loop.
+    supports_async_task = True
+    # Results, errors and timestamps live in the job row, readable from any process.
+    supports_get_result = True
+    # Higher priority jobs are claimed first within a queue.
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.database: str = self.options.get("DATABASE", "default")
+
+    # ------------------------------------------------------------------ validation
+    def validate_task(self, task: Task) -> None:  # type: ignore[type-arg]
+        """Raise a typed :class:`InvalidTask` subclass naming the first invalid option."""
+        if (
+            isinstance(task.priority, bool)
+            or not isinstance(task.priority, int)
+            or not TASK_MIN_PRIORITY <= task.priority <= TASK_MAX_PRIORITY
+        ):
+            raise InvalidOption(
+                "priority",
+                f"{task.priority!r} is not a whole number between {TASK_MIN_PRIORITY} "
+                f"and {TASK_MAX_PRIORITY}",
+            )
+        if self.queues and task.queue_name not in self.queues:
+            raise UnknownQueue(task.queue_name, self.queues)
+        if task.run_after is not None and settings.USE_TZ and timezone.is_naive(task.run_after):
+            raise InvalidOption("run_after", "must be an aware datetime (USE_TZ is True)")
+        if isinstance(task, PgQueueTask):
+            _validate_options(task)
+        super().validate_task(task)
+
+    # ------------------------------------------------------------------ enqueue
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
+        """Insert the job in the current transaction of the backend's database."""
+        from .models import Job
+
+        self.validate_task(task)
+        outcome = Job.objects.store(self.database).enqueue(self._spec(task, args, kwargs))
+        result = self._result(task, outcome.job)
+        if outcome.created:
+            task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def enqueue_many(
+        self,
+        task: Task,  # type: ignore[type-arg]
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+    ) -> list[TaskResult]:  # type: ignore[type-arg]
+        """Insert one job per ``(args, kwargs)`` with a single statement."""
+        from .models import Job
+
+        self.validate_task(task)
+        specs = [self._spec(task, args, kwargs) for args, kwargs in calls]
+        results = []
+        for outcome in Job.objects.store(self.database).enqueue_many(specs):
+            result = self._result(task, outcome.job)
+            if outcome.created:
+                task_enqueued.send(type(self), task_result=result)
+            results.append(result)
+        return results
+
+    def _spec(self, task: Task, args: Any, kwargs: Any) -> JobSpec:  # type: ignore[type-arg]
+        options = task if isinstance(task, PgQueueTask) else None
+        return JobSpec(
+            task_path=task.module_path,
+            queue=task.queue_name,
+            args=args,
+            kwargs=kwargs,
+            priority=task.priority,
+            max_attempts=options.max_attempts if options else None,
+            available_at=task.run_after,
+            idempotency_key=options.idempotency_key if options else None,
+            partition_key=options.partition_key if options else None,
+        )
+
+    # ------------------------------------------------------------------ results
+    def get_result(self, result_id: str) -> TaskResult:  # type: ignore[type-arg]
+        """Return the job's current state as a ``TaskResult``.
+
+        Raises ``TaskResultDoesNotExist`` (as :class:`JobNotFound`) for unknown ids, and
+        :class:`UnknownTask` if the job's task can no longer be imported.
+        """
+        from .models import Job
+
+        try:
+            job_id = int(result_id)
+        except (TypeError, ValueError):
+            raise JobNotFound(result_id) from None
+        job = Job.objects.using(self.database).filter(pk=job_id).first()
+        if job is None:
+            raise JobNotFound(result_id)
+        return self._result(resolve_task(job.task_path), job)
+
+    def _result(self, task: Task, job: Job) -> TaskResult:  # type: ignore[type-arg]
+        status = JobStatus(job.status)
+        if task.queue_name != job.queue or task.priority != job.priority:
+            try:
+                task = replace(task, queue_name=job.queue, priority=job.priority)
+            except InvalidTask:
+                pass  # the job's queue is no longer configured: report the task as defined
+        history = job.error_history()
+        errors = [
+            TaskError(
+                exception_class_path=str(entry.get("exception_class", "")),
+                traceback=str(entry.get("traceback") or entry.get("message", "")),
+            )
+            for entry in history
+        ]
+        if status is JobStatus.CANCELLED:
+            errors.append(
+                TaskError(
+                    exception_class_path=_CANCELLED_ERROR,
+                    traceback=f"cancelled: {job.last_error or 'by an operator'}",
+                )
+            )
+        worker_ids = [str(entry.get("worker", "")) for entry in history]
+        if job.claimed_by and status in {JobStatus.PROCESSING, JobStatus.SUCCEEDED}:
+            worker_ids.append(job.claimed_by)
+        result = TaskResult(
+            task=task,
+            id=str(job.pk),
+            status=_STATUS_MAP[status],
+            enqueued_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            last_attempted_at=job.claimed_at,
+            args=list(job.args),
+            kwargs=dict(job.kwargs),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=worker_ids,
+        )
+        if status is JobStatus.SUCCEEDED:
+            object.__setattr__(result, "_return_value", job.result)
+        return result
+
+    # ------------------------------------------------------------------ checks
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Report configuration problems of this backend (IDs ``django_pgqueue.E00x``)."""
+        messages: list[checks.CheckMessage] = []
+        if not apps.is_installed("django_pgqueue"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses PgQueueBackend but django_pgqueue is not in "
+                    "INSTALLED_APPS.",
+                    hint="Add 'django_pgqueue' to INSTALLED_APPS and run migrate.",
+                    id="django_pgqueue.E003",
+                )
+            )
+        if self.database not in connections:
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS']['DATABASE'] is {self.database!r}, which "
+                    "is not in DATABASES.",
+                    id="django_pgqueue.E006",
+                )
+            )
+        elif connections[self.database].vendor != "postgresql":
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] stores jobs in database {self.database!r}, which "
+                    f"uses {connections[self.database].vendor}; django-pgqueue needs PostgreSQL.",
+                    hint="Point OPTIONS['DATABASE'] at a django.db.backends.postgresql database.",
+                    id="django_pgqueue.E001",
+                )
+            )
+        messages.extend(_check_queues(self.alias, self.queues))
+        return messages
+
+
+def _validate_options(task: PgQueueTask) -> None:
+    from .models import KEY_MAX_LENGTH
+
+    if task.max_attempts is not None and (
+        isinstance(task.max_attempts, bool)
+        or not isinstance(task.max_attempts, int)
+        or not 1 <= task.max_attempts <= 1000
+    ):
+        raise InvalidOption("max_attempts", f"{task.max_attempts!r} is not a whole number in 1..1000")
+    if task.timeout is not None and (
+        isinstance(task.timeout, bool)
+        or not isinstance(task.timeout, int | float)
+        or not math.isfinite(task.timeout)
+        or task.timeout <= 0
+    ):
+        raise InvalidOption("timeout", f"{task.timeout!r} is not a positive number of seconds")
+    if not isinstance(task.atomic, bool):
+        raise InvalidOption("atomic", f"must be True or False, not {task.atomic!r}")
+    check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
+    check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
+
+
+def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
+    from .models import QUEUE_MAX_LENGTH
+
+    problems = [
+        queue
+        for queue in queues
+        if not isinstance(queue, str) or not queue or len(queue) > QUEUE_MAX_LENGTH
+    ]
+    if not problems and queues:
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}]['QUEUES'] must be a non-empty list of queue names of 1 to "
+            f"{QUEUE_MAX_LENGTH} characters; invalid: {problems!r}",
+            id="django_pgqueue.E005",
+        )
+    ]
+
+
+def resolve_task(task_path: str) -> Task:  # type: ignore[type-arg]
+    """Import the task stored at ``task_path``; raise :class:`UnknownTask` if impossible."""
+    try:
+        candidate = import_string(task_path)
+    except ImportError as error:
+        raise UnknownTask(task_path, f"cannot be imported ({error})") from error
+    except Exception as error:  # a module that fails at import time  # noqa: BLE001
+        raise UnknownTask(task_path, f"importing it raised {type(error).__name__}: {error}") from error
+    if not isinstance(candidate, Task):
+        raise UnknownTask(task_path, f"is a {type(candidate).__name__}, not a task")
+    return candidate

@@ -1,0 +1,121 @@
+"""System checks. IDs are stable; each is listed in the reference documentation.
+
+Backend-specific checks (E001, E003, E005, E006) come from
+:meth:`PgQueueBackend.check`, which ``django.tasks`` runs for every configured backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.apps import AppConfig, apps
+from django.core import checks
+from django.db import connections
+
+from .compat import task_backends
+from .conf import conf
+
+__all__ = ["MINIMUM_POSTGRESQL", "SETTING_CHECK_IDS"]
+
+#: Oldest supported PostgreSQL major version.
+MINIMUM_POSTGRESQL = 14
+
+#: One stable check ID per setting.
+SETTING_CHECK_IDS = {
+    "MAX_ATTEMPTS": "django_pgqueue.E101",
+    "MAX_PAYLOAD_BYTES": "django_pgqueue.E102",
+    "RETRY_BASE_SECONDS": "django_pgqueue.E103",
+    "RETRY_MAX_SECONDS": "django_pgqueue.E104",
+    "RETRY_JITTER": "django_pgqueue.E105",
+    "LEASE_SECONDS": "django_pgqueue.E106",
+    "HEARTBEAT_SECONDS": "django_pgqueue.E107",
+    "WORKER_TIMEOUT_SECONDS": "django_pgqueue.E108",
+    "POLL_INTERVAL_SECONDS": "django_pgqueue.E109",
+    "CONCURRENCY": "django_pgqueue.E110",
+    "BATCH_SIZE": "django_pgqueue.E111",
+    "PREFETCH": "django_pgqueue.E112",
+    "GRACE_SECONDS": "django_pgqueue.E113",
+    "HOUSEKEEPING_INTERVAL_SECONDS": "django_pgqueue.E114",
+    "RETENTION_SECONDS": "django_pgqueue.E115",
+    "DEAD_LETTER_RETENTION_SECONDS": "django_pgqueue.E116",
+    "PRUNE_BATCH_SIZE": "django_pgqueue.E117",
+    "UNKNOWN_TASK_TIMEOUT_SECONDS": "django_pgqueue.E118",
+    "NOTIFY_CHANNEL": "django_pgqueue.E119",
+    "PARTITION_VNODES": "django_pgqueue.E120",
+    "PARTITION_SCAN_LIMIT": "django_pgqueue.E121",
+}
+
+
+def _queue_backends() -> list[Any]:
+    from .backend import PgQueueBackend
+
+    found = []
+    for alias in task_backends.settings:
+        try:
+            backend = task_backends[alias]
+        except Exception:  # noqa: BLE001, S112 - a broken TASKS entry is Django's check to report
+            continue
+        if isinstance(backend, PgQueueBackend):
+            found.append(backend)
+    return found
+
+
+@checks.register()
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
+    """Report invalid ``PGQUEUE_*`` settings (E101-E120)."""
+    return [
+        checks.Error(message, id=SETTING_CHECK_IDS[name]) for name, message in conf.problems()
+    ]
+
+
+@checks.register()
+def check_apps(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
+    """Report missing companion apps (E004) and an unused queue app (W001)."""
+    messages: list[Any] = []
+    if apps.is_installed("django.contrib.admin") and not apps.is_installed("rangefilter"):
+        messages.append(
+            checks.Error(
+                "django_pgqueue's admin pages need django-admin-rangefilter.",
+                hint="Add 'rangefilter' to INSTALLED_APPS.",
+                id="django_pgqueue.E004",
+            )
+        )
+    if not _queue_backends():
+        messages.append(
+            checks.Warning(
+                "django_pgqueue is installed but no TASKS backend uses "
+                "django_pgqueue.backend.PgQueueBackend.",
+                hint="Set TASKS['default']['BACKEND'] = 'django_pgqueue.backend.PgQueueBackend'.",
+                id="django_pgqueue.W001",
+            )
+        )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_database_version(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Report a PostgreSQL server older than version 14 (E002); needs a connection."""
+    messages: list[Any] = []
+    wanted = set(databases or ())
+    for backend in _queue_backends():
+        alias = backend.database
+        if alias not in wanted or alias not in connections:
+            continue
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue  # E001 reports this
+        version: int = connection.pg_version  # type: ignore[attr-defined]
+        if version // 10000 < MINIMUM_POSTGRESQL:
+            messages.append(
+                checks.Error(
+                    f"Database {alias!r} runs PostgreSQL {version // 10000}; django-pgqueue "
+                    f"needs {MINIMUM_POSTGRESQL} or later.",
+                    id="django_pgqueue.E002",
+                )
+            )
+    return messages

@@ -1,0 +1,249 @@
+"""Settings: one typed property per ``PGQUEUE_*`` setting, read when accessed.
+
+Reading at access time (never caching) keeps ``override_settings`` working in tests. Each
+property validates its value and raises :class:`~django_pgqueue.exceptions.ConfigurationError`
+naming the setting; the system checks (``checks.py``) report the same problems at start-up.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from django.conf import settings
+
+from .exceptions import ConfigurationError
+
+__all__ = ["SETTINGS", "Settings", "conf"]
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class SettingSpec:
+    """One setting: its name, default and what it controls (the docs are built from this)."""
+
+    name: str
+    default: object
+    help: str
+
+
+#: Every setting, in documentation order.
+SETTINGS: Final[tuple[SettingSpec, ...]] = (
+    SettingSpec("MAX_ATTEMPTS", 5, "Attempts a job gets when its task sets no max_attempts."),
+    SettingSpec(
+        "MAX_PAYLOAD_BYTES", 1_000_000, "Largest JSON-encoded args + kwargs accepted at enqueue."
+    ),
+    SettingSpec("RETRY_BASE_SECONDS", 2.0, "Backoff after the first failed attempt."),
+    SettingSpec("RETRY_MAX_SECONDS", 3600.0, "Upper bound of the retry backoff."),
+    SettingSpec(
+        "RETRY_JITTER", 0.2, "Random spread of each backoff, as a fraction (0.2 = +/-20%)."
+    ),
+    SettingSpec("LEASE_SECONDS", 30.0, "Length of a job lease; workers extend it while running."),
+    SettingSpec(
+        "HEARTBEAT_SECONDS", 5.0, "How often workers extend leases and refresh the registry."
+    ),
+    SettingSpec(
+        "WORKER_TIMEOUT_SECONDS", 30.0, "Silence after which a worker is considered dead."
+    ),
+    SettingSpec("POLL_INTERVAL_SECONDS", 1.0, "Fallback poll when no notification arrives."),
+    SettingSpec("CONCURRENCY", 10, "Jobs one worker process runs at the same time."),
+    SettingSpec("BATCH_SIZE", 100, "Most jobs claimed in one round trip."),
+    SettingSpec("PREFETCH", 0, "Extra jobs a worker may hold beyond its free slots."),
+    SettingSpec("GRACE_SECONDS", 30.0, "Time running jobs get to finish on shutdown."),
+    SettingSpec(
+        "HOUSEKEEPING_INTERVAL_SECONDS",
+        10.0,
+        "How often one worker reaps expired leases, marks silent workers dead and prunes.",
+    ),
+    SettingSpec(
+        "RETENTION_SECONDS",
+        7 * 24 * 3600.0,
+        "Age after which succeeded and cancelled jobs are deleted (None keeps them).",
+    ),
+    SettingSpec(
+        "DEAD_LETTER_RETENTION_SECONDS",
+        None,
+        "Age after which dead letters are deleted (None keeps them for an operator).",
+    ),
+    SettingSpec("PRUNE_BATCH_SIZE", 5000, "Rows deleted per housekeeping pass."),
+    SettingSpec(
+        "UNKNOWN_TASK_TIMEOUT_SECONDS",
+        3600.0,
+        "How long a job whose task no worker can import waits before it is dead-lettered.",
+    ),
+    SettingSpec("NOTIFY_CHANNEL", "django_pgqueue", "LISTEN/NOTIFY channel for wake-ups."),
+    SettingSpec("PARTITION_VNODES", 32, "Points per worker on the partition hash ring."),
+    SettingSpec(
+        "PARTITION_SCAN_LIMIT",
+        1000,
+        "Partitioned jobs a claim looks at per queue, in claim order, to find heads.",
+    ),
+)
+
+
+class Settings:
+    """Typed, validated access to the ``PGQUEUE_*`` settings."""
+
+    def _raw(self, name: str) -> object:
+        spec = next(spec for spec in SETTINGS if spec.name == name)
+        return getattr(settings, f"PGQUEUE_{name}", spec.default)
+
+    def _int(self, name: str, *, minimum: int, maximum: int | None = None) -> int:
+        value = self._raw(name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigurationError(f"PGQUEUE_{name} must be an integer, not {value!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+            raise ConfigurationError(f"PGQUEUE_{name} must be {bound}, not {value!r}")
+        return value
+
+    def _seconds(self, name: str, *, minimum: float = 0.0, strict: bool = True) -> float:
+        value = self._raw(name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigurationError(f"PGQUEUE_{name} must be a number of seconds, not {value!r}")
+        if value < minimum or (strict and value <= minimum):
+            relation = ">" if strict else ">="
+            raise ConfigurationError(f"PGQUEUE_{name} must be {relation} {minimum}, not {value!r}")
+        return float(value)
+
+    def _optional_seconds(self, name: str) -> float | None:
+        if self._raw(name) is None:
+            return None
+        return self._seconds(name)
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:  # noqa: N802 - settings are upper case
+        """Attempts a job gets when its task sets none."""
+        return self._int("MAX_ATTEMPTS", minimum=1, maximum=1000)
+
+    @property
+    def MAX_PAYLOAD_BYTES(self) -> int:  # noqa: N802
+        """Largest accepted JSON-encoded payload, in bytes."""
+        return self._int("MAX_PAYLOAD_BYTES", minimum=1)
+
+    @property
+    def RETRY_BASE_SECONDS(self) -> float:  # noqa: N802
+        """Backoff after the first failure; it doubles with each further attempt."""
+        return self._seconds("RETRY_BASE_SECONDS", strict=False)
+
+    @property
+    def RETRY_MAX_SECONDS(self) -> float:  # noqa: N802
+        """Cap of the exponential backoff."""
+        return self._seconds("RETRY_MAX_SECONDS", strict=False)
+
+    @property
+    def RETRY_JITTER(self) -> float:  # noqa: N802
+        """Random spread of the backoff, as a fraction in [0, 1]."""
+        value = self._seconds("RETRY_JITTER", strict=False)
+        if value > 1:
+            raise ConfigurationError(f"PGQUEUE_RETRY_JITTER must be between 0 and 1, not {value}")
+        return value
+
+    @property
+    def LEASE_SECONDS(self) -> float:  # noqa: N802
+        """Length of a job lease."""
+        return self._seconds("LEASE_SECONDS", minimum=0.1, strict=False)
+
+    @property
+    def HEARTBEAT_SECONDS(self) -> float:  # noqa: N802
+        """Interval of lease extensions and registry heartbeats."""
+        return self._seconds("HEARTBEAT_SECONDS", minimum=0.05, strict=False)
+
+    @property
+    def WORKER_TIMEOUT_SECONDS(self) -> float:  # noqa: N802
+        """Silence after which a worker is marked dead."""
+        return self._seconds("WORKER_TIMEOUT_SECONDS")
+
+    @property
+    def POLL_INTERVAL_SECONDS(self) -> float:  # noqa: N802
+        """Fallback poll interval."""
+        return self._seconds("POLL_INTERVAL_SECONDS", minimum=0.01, strict=False)
+
+    @property
+    def CONCURRENCY(self) -> int:  # noqa: N802
+        """Jobs one worker process runs at once."""
+        return self._int("CONCURRENCY", minimum=1, maximum=10_000)
+
+    @property
+    def BATCH_SIZE(self) -> int:  # noqa: N802
+        """Most jobs claimed per round trip."""
+        return self._int("BATCH_SIZE", minimum=1, maximum=10_000)
+
+    @property
+    def PREFETCH(self) -> int:  # noqa: N802
+        """Extra jobs held beyond free slots."""
+        return self._int("PREFETCH", minimum=0, maximum=100_000)
+
+    @property
+    def GRACE_SECONDS(self) -> float:  # noqa: N802
+        """Time running jobs get to finish on shutdown."""
+        return self._seconds("GRACE_SECONDS", strict=False)
+
+    @property
+    def HOUSEKEEPING_INTERVAL_SECONDS(self) -> float:  # noqa: N802
+        """Interval between housekeeping passes."""
+        return self._seconds("HOUSEKEEPING_INTERVAL_SECONDS")
+
+    @property
+    def RETENTION_SECONDS(self) -> float | None:  # noqa: N802
+        """Age after which succeeded and cancelled jobs are pruned; None keeps them."""
+        return self._optional_seconds("RETENTION_SECONDS")
+
+    @property
+    def DEAD_LETTER_RETENTION_SECONDS(self) -> float | None:  # noqa: N802
+        """Age after which dead letters are pruned; None keeps them."""
+        return self._optional_seconds("DEAD_LETTER_RETENTION_SECONDS")
+
+    @property
+    def PRUNE_BATCH_SIZE(self) -> int:  # noqa: N802
+        """Rows deleted per housekeeping pass."""
+        return self._int("PRUNE_BATCH_SIZE", minimum=1, maximum=1_000_000)
+
+    @property
+    def UNKNOWN_TASK_TIMEOUT_SECONDS(self) -> float:  # noqa: N802
+        """How long a job with an unimportable task waits before it is dead-lettered."""
+        return self._seconds("UNKNOWN_TASK_TIMEOUT_SECONDS", strict=False)
+
+    @property
+    def NOTIFY_CHANNEL(self) -> str:  # noqa: N802
+        """LISTEN/NOTIFY channel name."""
+        value = self._raw("NOTIFY_CHANNEL")
+        if not isinstance(value, str) or not _IDENTIFIER.match(value):
+            raise ConfigurationError(
+                f"PGQUEUE_NOTIFY_CHANNEL must be a plain SQL identifier, not {value!r}"
+            )
+        return value
+
+    @property
+    def PARTITION_VNODES(self) -> int:  # noqa: N802
+        """Points per worker on the partition hash ring."""
+        return self._int("PARTITION_VNODES", minimum=1, maximum=1024)
+
+    @property
+    def PARTITION_SCAN_LIMIT(self) -> int:  # noqa: N802
+        """Partitioned candidates a claim examines per queue."""
+        return self._int("PARTITION_SCAN_LIMIT", minimum=1, maximum=1_000_000)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """Return ``(setting, message)`` for every invalid setting (used by the checks)."""
+        found = []
+        for spec in SETTINGS:
+            try:
+                getattr(self, spec.name)
+            except ConfigurationError as error:
+                found.append((spec.name, str(error)))
+        if not found and self.HEARTBEAT_SECONDS * 2 > self.LEASE_SECONDS:
+            found.append(
+                (
+                    "HEARTBEAT_SECONDS",
+                    "PGQUEUE_HEARTBEAT_SECONDS must be at most half of PGQUEUE_LEASE_SECONDS, "
+                    "or leases expire between two extensions",
+                )
+            )
+        return found
+
+
+conf = Settings()

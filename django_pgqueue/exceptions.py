@@ -1,0 +1,142 @@
+"""The exceptions django-pgqueue raises, and the one tasks raise to give up at once.
+
+Errors at the ``django.tasks`` boundary also subclass Django's own types, so code written
+against the Tasks API (``except InvalidTask``) keeps working.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .compat import InvalidTask, TaskResultDoesNotExist
+
+__all__ = [
+    "ConfigurationError",
+    "EnqueueError",
+    "InvalidArguments",
+    "InvalidOption",
+    "JobCancelled",
+    "JobNotFound",
+    "JobTimeout",
+    "LeaseExpired",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "PermanentError",
+    "PgQueueError",
+    "UnknownQueue",
+    "UnknownTask",
+    "WorkerShutdown",
+]
+
+
+class PgQueueError(Exception):
+    """Base class of django-pgqueue's errors. Never raised directly."""
+
+
+class ConfigurationError(PgQueueError, ImproperlyConfigured):
+    """A ``PGQUEUE_*`` setting or a ``TASKS`` entry is invalid."""
+
+
+class LeaseLost(PgQueueError):
+    """The caller no longer holds the lease it names; nothing was changed.
+
+    Another worker took the job over (the lease expired and was reaped), an operator
+    acted on it, or it was already finished. The caller must stop counting on the job.
+    """
+
+    def __init__(self, job_id: int, lease_generation: int, worker_id: str) -> None:
+        self.job_id = job_id
+        self.lease_generation = lease_generation
+        self.worker_id = worker_id
+        super().__init__(
+            f"job {job_id}: lease generation {lease_generation} of worker {worker_id!r} "
+            "is no longer held"
+        )
+
+
+class JobNotFound(PgQueueError, TaskResultDoesNotExist):
+    """No job has the given id."""
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id!r}")
+
+
+class UnknownTask(PgQueueError, InvalidTask):
+    """A job's task path cannot be imported as a task by this process."""
+
+    def __init__(self, task_path: str, reason: str) -> None:
+        self.task_path = task_path
+        self.reason = reason
+        super().__init__(f"unknown task {task_path!r}: {reason}")
+
+
+class JobTimeout(PgQueueError):
+    """A job ran longer than its task's ``timeout``."""
+
+
+class LeaseExpired(PgQueueError):
+    """Recorded in a job's history when its lease ran out and housekeeping recovered it."""
+
+
+class JobCancelled(PgQueueError):
+    """Reported in a cancelled job's ``TaskResult.errors``."""
+
+
+class WorkerShutdown(PgQueueError):
+    """Recorded when a job is released because its worker shut down."""
+
+
+class PermanentError(Exception):
+    """Raise from a task to fail the job for good: no retry, straight to ``dead_letter``.
+
+    Use ``raise PermanentError("why") from error`` to keep the original error in the
+    traceback that is stored with the job.
+    """
+
+
+# ---------------------------------------------------------------- enqueue-time errors
+class EnqueueError(PgQueueError, InvalidTask):
+    """The job cannot be enqueued as given; no row was written."""
+
+
+class InvalidArguments(EnqueueError):
+    """An argument cannot be stored as JSON (or not without changing its meaning)."""
+
+    def __init__(self, argument: str, reason: str) -> None:
+        self.argument = argument
+        self.reason = reason
+        super().__init__(f"{argument}: {reason}")
+
+
+class PayloadTooLarge(InvalidArguments):
+    """The JSON-encoded arguments exceed ``PGQUEUE_MAX_PAYLOAD_BYTES``."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            "args/kwargs",
+            f"encoded payload is {size} bytes, over the limit of {limit} bytes "
+            "(PGQUEUE_MAX_PAYLOAD_BYTES); store large data elsewhere and pass a reference",
+        )
+
+
+class UnknownQueue(EnqueueError):
+    """The queue is not listed in the backend's ``QUEUES``."""
+
+    def __init__(self, queue: str, allowed: frozenset[str] | set[str]) -> None:
+        self.queue = queue
+        self.allowed = frozenset(allowed)
+        super().__init__(
+            f"queue_name {queue!r} is not one of this backend's QUEUES: {sorted(self.allowed)}"
+        )
+
+
+class InvalidOption(EnqueueError):
+    """A job option (priority, key, max_attempts, run_after, ...) is out of range."""
+
+    def __init__(self, option: str, reason: str) -> None:
+        self.option = option
+        self.reason = reason
+        super().__init__(f"{option}: {reason}")

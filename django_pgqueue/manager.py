@@ -1,0 +1,920 @@
+"""The queue manager: the only code that executes queue SQL.
+
+:class:`QueueStore` runs the named statements of ``sql/*.sql`` on one connection and
+returns typed values. It is bound either to a Django connection (:class:`DjangoRunner`,
+so enqueueing joins the caller's transaction and shows up in Django's query logging) or to
+a dedicated psycopg connection of a worker (:class:`PsycopgRunner`, server-side binding
+and prepared statements). :class:`JobManager` is ``Job.objects``: the public entry point.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django.conf import settings
+from django.db import connections, models
+from django.utils import timezone
+
+from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from .conf import conf
+from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
+from .partition import bucket_for
+from .payload import check_key, encode_arguments
+from .retry import RetryPolicy
+from .sql import QUERIES, Query
+from .states import JobStatus
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .models import Job
+
+__all__ = [
+    "ClaimedJob",
+    "DjangoRunner",
+    "Enqueued",
+    "FailOutcome",
+    "Failure",
+    "JobManager",
+    "JobSpec",
+    "Lease",
+    "OperatorResult",
+    "PsycopgRunner",
+    "QueueStore",
+    "ReapedJob",
+]
+
+# Columns whose values arrive as JSON text (Django's psycopg setup loads jsonb as text so
+# JSONField can decode it; the worker's connections share that setup).
+_JSON_COLUMNS = frozenset(
+    {"args", "kwargs", "errors", "result", "prior_workers", "metadata", "queues"}
+)
+# Fixed key of the housekeeping advisory lock: the first 8 bytes of sha1("django_pgqueue").
+HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
+# Largest number of ids an operator statement handles at once.
+OPERATOR_CHUNK = 1000
+
+_JOB_FIELD_COLUMNS: tuple[str, ...] | None = None
+
+
+# ---------------------------------------------------------------------- typed values
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything needed to enqueue one job."""
+
+    task_path: str
+    queue: str = "default"
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    max_attempts: int | None = None
+    available_at: datetime | None = None
+    idempotency_key: str | None = None
+    partition_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The outcome of enqueueing one job."""
+
+    job: Job
+    #: False when an existing job already held the idempotency key (and was returned).
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The identity of one lease: a worker's right to finish one attempt of one job."""
+
+    job_id: int
+    lease_generation: int
+    worker_id: str
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job leased to a worker, with what the worker needs to run it."""
+
+    id: int
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    lease_generation: int
+    step: str | None
+    partition_key: str | None
+    idempotency_key: str | None
+    created_at: datetime
+    available_at: datetime
+    claimed_at: datetime
+    lease_expires_at: datetime
+    prior_workers: list[str]
+    worker_id: str
+
+    @property
+    def lease(self) -> Lease:
+        """Return the lease this claim holds."""
+        return Lease(self.id, self.lease_generation, self.worker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What went wrong in one attempt."""
+
+    exception_class: str
+    message: str
+    traceback: str = ""
+    #: Skip the remaining attempts and dead-letter the job.
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """Where a failed job went."""
+
+    job_id: int
+    status: JobStatus
+    available_at: datetime
+    attempts: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedJob:
+    """A job recovered from an expired lease."""
+
+    job_id: int
+    status: JobStatus
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorResult:
+    """What an operator action did and what it had to leave alone."""
+
+    done: tuple[int, ...]
+    skipped: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A registry row that counts for bucket ownership."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Finished-job counts of one queue since the last flush."""
+
+    queue: str
+    succeeded: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    wait_ms_max: int = 0
+
+
+# ---------------------------------------------------------------------- runners
+@dataclass(slots=True)
+class Result:
+    """Rows returned by one statement."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    rowcount: int
+
+    def dicts(self) -> list[dict[str, Any]]:
+        """Return the rows as dicts, JSON columns decoded."""
+        json_positions = [i for i, name in enumerate(self.columns) if name in _JSON_COLUMNS]
+        decoded = []
+        for row in self.rows:
+            values = dict(zip(self.columns, row, strict=True))
+            for position in json_positions:
+                name = self.columns[position]
+                values[name] = _load_json(values[name])
+            decoded.append(values)
+        return decoded
+
+
+def _load_json(value: Any) -> Any:
+    if isinstance(value, str | bytes):
+        return json.loads(value)
+    return value
+
+
+class Runner(Protocol):
+    """Executes one named statement on one connection."""
+
+    @property
+    def alias(self) -> str:
+        """Return the Django database alias the connection belongs to."""
+        ...
+
+    def run(self, query: Query, params: Mapping[str, Any]) -> Result:
+        """Execute ``query`` with ``params`` and return its rows."""
+        ...
+
+
+class DjangoRunner:
+    """Runs statements on Django's connection for ``alias``, inside any open transaction."""
+
+    def __init__(self, alias: str) -> None:
+        self._alias = alias
+
+    @property
+    def alias(self) -> str:
+        """Return the Django database alias."""
+        return self._alias
+
+    def run(self, query: Query, params: Mapping[str, Any]) -> Result:
+        """Execute ``query`` through a Django cursor (logged, wrapped, in the transaction)."""
+        with connections[self._alias].cursor() as cursor:
+            cursor.execute(query.text, params)
+            if cursor.description is None:
+                return Result((), [], cursor.rowcount)
+            columns = tuple(column.name for column in cursor.description)
+            return Result(columns, cursor.fetchall(), cursor.rowcount)
+
+
+class PsycopgRunner:
+    """Runs statements on a dedicated psycopg connection (a worker's own)."""
+
+    def __init__(self, connection: psycopg.Connection[Any], alias: str) -> None:
+        self.connection = connection
+        self._alias = alias
+
+    @property
+    def alias(self) -> str:
+        """Return the Django database alias the connection was opened for."""
+        return self._alias
+
+    def run(self, query: Query, params: Mapping[str, Any]) -> Result:
+        """Execute ``query`` with server-side binding (prepared after a few uses)."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(query.text, params)  # type: ignore[arg-type]  # SQL from our files
+            if cursor.description is None:
+                return Result((), [], cursor.rowcount)
+            columns = tuple(column.name for column in cursor.description)
+            return Result(columns, cursor.fetchall(), cursor.rowcount)
+
+
+# ---------------------------------------------------------------------- the store
+class QueueStore:
+    """Every queue operation, bound to one connection.
+
+    Methods ending in ``_if_leased`` apply only while the caller holds the lease they
+    name; single-job ones raise :class:`LeaseLost` otherwise (changing nothing), batch
+    ones return the ids that applied.
+    """
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+
+    def _run(self, name: str, **params: Any) -> Result:
+        return self.runner.run(QUERIES[name], params)
+
+    # ------------------------------------------------------------------ producers
+    def enqueue(self, spec: JobSpec) -> Enqueued:
+        """Insert one job, or return the existing one holding its idempotency key.
+
+        Runs in the connection's current transaction: the job exists (and workers are
+        woken) only once that transaction commits. Raises an :class:`EnqueueError`
+        subclass, before touching the database, for any invalid field.
+        """
+        params = self._job_params(spec)
+        params["channel"] = conf.NOTIFY_CHANNEL
+        rows = self._run("enqueue", **params).dicts()
+        if rows:
+            return Enqueued(self._job(rows[0]), created=bool(rows[0]["created"]))
+        # The key's holder committed after this statement's snapshot began: read it now.
+        assert spec.idempotency_key is not None
+        existing = self._by_idempotency_keys([spec.idempotency_key])
+        if spec.idempotency_key in existing:
+            return Enqueued(existing[spec.idempotency_key], created=False)
+        # The holder was deleted in between (pruned or discarded): the key is free again.
+        return self.enqueue(spec)
+
+    def enqueue_many(self, specs: Iterable[JobSpec]) -> list[Enqueued]:
+        """Insert many jobs with one statement; return one outcome per spec, in order.
+
+        Validates every spec before writing anything. Specs sharing an idempotency key
+        (with each other or with existing jobs) resolve to the same job.
+        """
+        specs = list(specs)
+        if not specs:
+            return []
+        columns: dict[str, list[Any]] = {
+            "queues": [],
+            "task_paths": [],
+            "args": [],
+            "kwargs": [],
+            "priorities": [],
+            "max_attempts": [],
+            "available_at": [],
+            "idempotency_keys": [],
+            "partition_keys": [],
+            "partition_buckets": [],
+        }
+        for position, spec in enumerate(specs):
+            params = self._job_params(spec, position=position)
+            columns["queues"].append(params["queue"])
+            columns["task_paths"].append(params["task_path"])
+            columns["args"].append(params["args"])
+            columns["kwargs"].append(params["kwargs"])
+            columns["priorities"].append(params["priority"])
+            columns["max_attempts"].append(params["max_attempts"])
+            columns["available_at"].append(params["available_at"])
+            columns["idempotency_keys"].append(params["idempotency_key"])
+            columns["partition_keys"].append(params["partition_key"])
+            columns["partition_buckets"].append(params["partition_bucket"])
+        rows = self._run("enqueue_many", channel=conf.NOTIFY_CHANNEL, **columns).dicts()
+
+        outcomes: list[Enqueued | None] = []
+        by_key: dict[str, Job] = {}
+        position = 0
+        for spec in specs:
+            key = spec.idempotency_key
+            if key is not None and key in by_key:
+                outcomes.append(Enqueued(by_key[key], created=False))
+                continue
+            row = rows[position] if position < len(rows) else None
+            if row is not None and row["idempotency_key"] == key and row["task_path"] == spec.task_path:
+                job = self._job(row)
+                position += 1
+                if key is not None:
+                    by_key[key] = job
+                outcomes.append(Enqueued(job, created=True))
+            elif key is not None:
+                outcomes.append(None)  # skipped by ON CONFLICT: an existing job holds the key
+            else:
+                raise AssertionError("enqueue_many: RETURNING rows out of input order")
+        if position != len(rows):
+            raise AssertionError("enqueue_many: more rows returned than matched")
+
+        missing = [spec.idempotency_key for spec, outcome in zip(specs, outcomes, strict=True) if outcome is None]
+        if missing:
+            existing = self._by_idempotency_keys([key for key in missing if key is not None])
+            for index, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True)):
+                if outcome is None:
+                    key = spec.idempotency_key
+                    assert key is not None
+                    if key in existing:
+                        outcomes[index] = Enqueued(existing[key], created=False)
+                    else:  # deleted in between: enqueue it again
+                        outcomes[index] = self.enqueue(spec)
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _by_idempotency_keys(self, keys: list[str]) -> dict[str, Job]:
+        rows = self._run("select_by_idempotency_keys", idempotency_keys=keys).dicts()
+        return {row["idempotency_key"]: self._job(row) for row in rows}
+
+    def _job_params(self, spec: JobSpec, *, position: int | None = None) -> dict[str, Any]:
+        try:
+            return self._checked_params(spec)
+        except PayloadTooLarge:
+            raise
+        except InvalidArguments as error:
+            if position is None:
+                raise
+            raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
+        except InvalidOption as error:
+            if position is None:
+                raise
+            raise InvalidOption(f"jobs[{position}].{error.option}", error.reason) from None
+
+    def _checked_params(self, spec: JobSpec) -> dict[str, Any]:
+        from .models import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
+
+        if not isinstance(spec.task_path, str) or not spec.task_path:
+            raise InvalidOption("task_path", "must be a non-empty string")
+        if len(spec.task_path) > TASK_PATH_MAX_LENGTH:
+            raise InvalidOption(
+                "task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters"
+            )
+        if not isinstance(spec.queue, str) or not spec.queue:
+            raise InvalidOption("queue_name", "must be a non-empty string")
+        if len(spec.queue) > QUEUE_MAX_LENGTH or "\x00" in spec.queue:
+            raise InvalidOption(
+                "queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters, without NUL"
+            )
+        priority = spec.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidOption("priority", f"must be an integer, not {priority!r}")
+        if not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY:
+            raise InvalidOption(
+                "priority",
+                f"{priority} is outside {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}",
+            )
+        max_attempts = conf.MAX_ATTEMPTS if spec.max_attempts is None else spec.max_attempts
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+            raise InvalidOption("max_attempts", f"must be an integer, not {max_attempts!r}")
+        if not 1 <= max_attempts <= 1000:
+            raise InvalidOption("max_attempts", f"{max_attempts} is outside 1..1000")
+        available_at = spec.available_at
+        if available_at is not None:
+            if not isinstance(available_at, datetime):
+                raise InvalidOption("run_after", f"must be a datetime, not {available_at!r}")
+            if settings.USE_TZ and timezone.is_naive(available_at):
+                raise InvalidOption(
+                    "run_after", "must be an aware datetime (USE_TZ is True)"
+                )
+            if not settings.USE_TZ and timezone.is_naive(available_at):
+                available_at = timezone.make_aware(available_at)
+        idempotency_key = check_key(
+            "idempotency_key", spec.idempotency_key, max_length=KEY_MAX_LENGTH
+        )
+        partition_key = check_key("partition_key", spec.partition_key, max_length=KEY_MAX_LENGTH)
+        args_json, kwargs_json = encode_arguments(
+            spec.args, spec.kwargs, limit=conf.MAX_PAYLOAD_BYTES
+        )
+        return {
+            "queue": spec.queue,
+            "task_path": spec.task_path,
+            "args": args_json,
+            "kwargs": kwargs_json,
+            "priority": priority,
+            "max_attempts": max_attempts,
+            "available_at": available_at,
+            "idempotency_key": idempotency_key,
+            "partition_key": partition_key,
+            "partition_bucket": None if partition_key is None else bucket_for(partition_key),
+        }
+
+    def _job(self, row: Mapping[str, Any]) -> Job:
+        from .models import Job
+
+        global _JOB_FIELD_COLUMNS  # noqa: PLW0603 - computed once, after apps are ready
+        if _JOB_FIELD_COLUMNS is None:
+            _JOB_FIELD_COLUMNS = tuple(field.attname for field in Job._meta.concrete_fields)
+        return Job.from_db(
+            self.runner.alias, _JOB_FIELD_COLUMNS, [row[name] for name in _JOB_FIELD_COLUMNS]
+        )
+
+    # ------------------------------------------------------------------ workers
+    def claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        *,
+        per_queue: int,
+        lease_seconds: float,
+        bucket_masks: Sequence[str | None] | None = None,
+        partition_scan_limit: int | None = None,
+    ) -> list[ClaimedJob]:
+        """Lease up to ``per_queue`` ready jobs from each queue to ``worker_id``.
+
+        ``bucket_masks`` (one per queue, 1024 ``0``/``1`` characters, None for all)
+        limits partitioned jobs to the worker's buckets. Takes row locks only for the
+        duration of the statement; never waits on a locked row (SKIP LOCKED).
+        """
+        masks = list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
+        result = self._run(
+            "claim_batch",
+            queues=list(queues),
+            bucket_masks=masks,
+            per_queue=per_queue,
+            worker_id=worker_id,
+            lease_seconds=lease_seconds,
+            partition_scan_limit=max(
+                per_queue,
+                conf.PARTITION_SCAN_LIMIT if partition_scan_limit is None else partition_scan_limit,
+            ),
+        )
+        claimed = []
+        loads = json.loads
+        for row in result.rows:
+            (
+                job_id,
+                queue,
+                task_path,
+                args,
+                kwargs,
+                priority,
+                attempts,
+                max_attempts,
+                lease_generation,
+                step,
+                partition_key,
+                idempotency_key,
+                created_at,
+                available_at,
+                claimed_at,
+                lease_expires_at,
+                prior_workers,
+            ) = row
+            claimed.append(
+                ClaimedJob(
+                    job_id,
+                    queue,
+                    task_path,
+                    loads(args),
+                    loads(kwargs),
+                    priority,
+                    attempts,
+                    max_attempts,
+                    lease_generation,
+                    step,
+                    partition_key,
+                    idempotency_key,
+                    created_at,
+                    available_at,
+                    claimed_at,
+                    lease_expires_at,
+                    loads(prior_workers),
+                    worker_id,
+                )
+            )
+        return claimed
+
+    def complete_if_leased(self, lease: Lease, result_json: str) -> datetime:
+        """Mark the job succeeded with ``result_json``; return its finish time.
+
+        Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held. Run on
+        the handler's connection inside its transaction, this makes the handler's writes
+        and the completion commit or roll back together.
+        """
+        rows = self._run(
+            "complete_if_leased",
+            job_id=lease.job_id,
+            lease_generation=lease.lease_generation,
+            worker_id=lease.worker_id,
+            result=result_json,
+        ).rows
+        if not rows:
+            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+        finished_at: datetime = rows[0][1]
+        return finished_at
+
+    def complete_many_if_leased(
+        self, worker_id: str, completions: Sequence[tuple[Lease, str]]
+    ) -> set[int]:
+        """Mark many jobs succeeded; return the ids whose lease was still held."""
+        if not completions:
+            return set()
+        rows = self._run(
+            "complete_many_if_leased",
+            worker_id=worker_id,
+            job_ids=[lease.job_id for lease, _ in completions],
+            lease_generations=[lease.lease_generation for lease, _ in completions],
+            results=[result for _, result in completions],
+        ).rows
+        return {row[0] for row in rows}
+
+    def fail_if_leased(
+        self, lease: Lease, failure: Failure, policy: RetryPolicy | None = None
+    ) -> FailOutcome:
+        """Record a failed attempt: retry after a backoff, or dead-letter the job.
+
+        The job is dead-lettered when ``failure.permanent`` or its attempts are used up.
+        Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held.
+        """
+        policy = policy or RetryPolicy.from_settings()
+        rows = self._run(
+            "fail_if_leased",
+            job_id=lease.job_id,
+            lease_generation=lease.lease_generation,
+            worker_id=lease.worker_id,
+            permanent=failure.permanent,
+            error_class=failure.exception_class,
+            message=failure.message,
+            traceback=failure.traceback,
+            **policy.sql_params(),
+        ).rows
+        if not rows:
+            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+        job_id, status, available_at, attempts, max_attempts = rows[0]
+        return FailOutcome(job_id, JobStatus(status), available_at, attempts, max_attempts)
+
+    def extend_lease_if_leased(self, lease: Lease, lease_seconds: float) -> datetime:
+        """Push the lease's expiry to now + ``lease_seconds``; return the new expiry.
+
+        Raises :class:`LeaseLost` if the lease is no longer held.
+        """
+        rows = self._run(
+            "extend_lease_if_leased",
+            job_id=lease.job_id,
+            lease_generation=lease.lease_generation,
+            worker_id=lease.worker_id,
+            lease_seconds=lease_seconds,
+        ).rows
+        if not rows:
+            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+        expires_at: datetime = rows[0][1]
+        return expires_at
+
+    def extend_leases_if_leased(
+        self, worker_id: str, leases: Sequence[Lease], lease_seconds: float
+    ) -> set[int]:
+        """Extend many leases at once; return the ids still held (the rest are lost)."""
+        if not leases:
+            return set()
+        rows = self._run(
+            "extend_leases_if_leased",
+            worker_id=worker_id,
+            job_ids=[lease.job_id for lease in leases],
+            lease_generations=[lease.lease_generation for lease in leases],
+            lease_seconds=lease_seconds,
+        ).rows
+        return {row[0] for row in rows}
+
+    def release_if_leased(
+        self, lease: Lease, *, delay_seconds: float = 0.0, reason: str | None = None
+    ) -> datetime:
+        """Give the job back without using up an attempt; return when it is available.
+
+        The lease generation is bumped, so a late completion by this worker is fenced.
+        Raises :class:`LeaseLost` if the lease is no longer held.
+        """
+        rows = self._run(
+            "release_if_leased",
+            job_id=lease.job_id,
+            lease_generation=lease.lease_generation,
+            worker_id=lease.worker_id,
+            delay_seconds=delay_seconds,
+            reason=reason,
+            channel=conf.NOTIFY_CHANNEL,
+        ).rows
+        if not rows:
+            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+        available_at: datetime = rows[0][1]
+        return available_at
+
+    def release_many_if_leased(
+        self, worker_id: str, leases: Sequence[Lease], *, reason: str | None = None
+    ) -> set[int]:
+        """Give many jobs back at once (shutdown); return the ids that were released."""
+        if not leases:
+            return set()
+        rows = self._run(
+            "release_many_if_leased",
+            worker_id=worker_id,
+            job_ids=[lease.job_id for lease in leases],
+            lease_generations=[lease.lease_generation for lease in leases],
+            reason=reason,
+            channel=conf.NOTIFY_CHANNEL,
+        ).rows
+        return {row[0] for row in rows}
+
+    def set_step_if_leased(self, lease: Lease, step: str | None) -> None:
+        """Record the job's progress marker; raise :class:`LeaseLost` if not held."""
+        if step is not None and (not isinstance(step, str) or "\x00" in step):
+            raise InvalidOption("step", "must be a string without NUL characters, or None")
+        rows = self._run(
+            "set_step_if_leased",
+            job_id=lease.job_id,
+            lease_generation=lease.lease_generation,
+            worker_id=lease.worker_id,
+            step=step,
+        ).rows
+        if not rows:
+            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+
+    # ------------------------------------------------------------------ maintenance
+    def try_housekeeping_lock(self) -> bool:
+        """Take the transaction-level housekeeping lock if free; call inside a transaction."""
+        rows = self._run("try_housekeeping_lock", lock_key=HOUSEKEEPING_LOCK_KEY).rows
+        return bool(rows[0][0])
+
+    def reap_expired(
+        self,
+        *,
+        limit: int = 1000,
+        policy: RetryPolicy | None = None,
+        job_ids: Sequence[int] | None = None,
+    ) -> list[ReapedJob]:
+        """Recover up to ``limit`` jobs whose lease expired (optionally only ``job_ids``).
+
+        Each goes back to pending after a backoff, or to dead_letter if that was its last
+        attempt. Rows locked by someone else (a late completion in progress) are skipped.
+        """
+        policy = policy or RetryPolicy.from_settings()
+        rows = self._run(
+            "reap_expired",
+            limit=limit,
+            job_ids=list(job_ids) if job_ids is not None else None,
+            **policy.sql_params(),
+        ).rows
+        return [ReapedJob(job_id, JobStatus(status), queue) for job_id, status, queue in rows]
+
+    def prune_finished(self, *, retention_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` succeeded/cancelled jobs older than the retention."""
+        return self._run(
+            "prune_finished", retention_seconds=retention_seconds, limit=limit
+        ).rowcount
+
+    def prune_dead_letters(self, *, retention_seconds: float, limit: int) -> int:
+        """Delete up to ``limit`` dead letters older than the retention."""
+        return self._run(
+            "prune_dead_letters", retention_seconds=retention_seconds, limit=limit
+        ).rowcount
+
+    def register_worker(
+        self,
+        worker_id: str,
+        *,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        metadata: Mapping[str, Any],
+    ) -> datetime:
+        """Add the worker to the registry (alive); return its start time (database clock)."""
+        rows = self._run(
+            "register_worker",
+            worker_id=worker_id,
+            hostname=hostname,
+            pid=pid,
+            queues=json.dumps(list(queues)),
+            concurrency=concurrency,
+            metadata=json.dumps(dict(metadata)),
+        ).rows
+        started_at: datetime = rows[0][0]
+        return started_at
+
+    def heartbeat_worker(
+        self,
+        worker_id: str,
+        *,
+        status: str,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str],
+        concurrency: int,
+        metadata: Mapping[str, Any],
+    ) -> datetime:
+        """Refresh the worker's registry row (re-creating it if needed)."""
+        rows = self._run(
+            "heartbeat_worker",
+            worker_id=worker_id,
+            status=status,
+            hostname=hostname,
+            pid=pid,
+            queues=json.dumps(list(queues)),
+            concurrency=concurrency,
+            metadata=json.dumps(dict(metadata)),
+        ).rows
+        seen_at: datetime = rows[0][0]
+        return seen_at
+
+    def set_worker_status(self, worker_id: str, status: str) -> bool:
+        """Set the worker's registry status; return whether its row exists."""
+        return bool(self._run("set_worker_status", worker_id=worker_id, status=status).rows)
+
+    def live_workers(self, *, timeout_seconds: float) -> list[LiveWorker]:
+        """Return alive workers heard from within the timeout, sorted by id."""
+        rows = self._run("live_workers", timeout_seconds=timeout_seconds).rows
+        return [LiveWorker(worker_id, tuple(_load_json(queues))) for worker_id, queues in rows]
+
+    def mark_silent_workers_dead(self, *, timeout_seconds: float) -> list[str]:
+        """Mark workers silent for longer than the timeout dead; return their ids."""
+        rows = self._run("mark_silent_workers_dead", timeout_seconds=timeout_seconds).rows
+        return [row[0] for row in rows]
+
+    def prune_dead_workers(self, *, retention_seconds: float) -> int:
+        """Delete dead workers' rows older than the retention."""
+        return self._run("prune_dead_workers", retention_seconds=retention_seconds).rowcount
+
+    def record_queue_stats(self, counts: Sequence[QueueCounts]) -> None:
+        """Add finished-job counts to the current minute of each queue."""
+        if not counts:
+            return
+        self._run(
+            "record_queue_stats",
+            queues=[count.queue for count in counts],
+            succeeded=[count.succeeded for count in counts],
+            failed=[count.failed for count in counts],
+            dead_lettered=[count.dead_lettered for count in counts],
+            wait_ms_max=[count.wait_ms_max for count in counts],
+        )
+
+    def prune_queue_stats(self, *, retention_seconds: float) -> int:
+        """Delete per-minute statistics older than the retention."""
+        return self._run("prune_queue_stats", retention_seconds=retention_seconds).rowcount
+
+    # ------------------------------------------------------------------ operators
+    def retry(self, job_ids: Iterable[int]) -> OperatorResult:
+        """Revive dead-lettered or cancelled jobs (attempts reset, ready now)."""
+        return self._operate("retry_jobs", job_ids, channel=conf.NOTIFY_CHANNEL)
+
+    def run_now(self, job_ids: Iterable[int]) -> OperatorResult:
+        """Make scheduled or backing-off pending jobs ready now."""
+        return self._operate("run_jobs_now", job_ids, channel=conf.NOTIFY_CHANNEL)
+
+    def cancel(self, job_ids: Iterable[int], *, reason: str | None = None) -> OperatorResult:
+        """Cancel pending jobs; running and finished ones are skipped."""
+        return self._operate("cancel_jobs", job_ids, reason=reason)
+
+    def discard(self, job_ids: Iterable[int]) -> OperatorResult:
+        """Delete finished jobs; pending and running ones are skipped."""
+        return self._operate("discard_jobs", job_ids)
+
+    def requeue_expired(self, job_ids: Iterable[int]) -> OperatorResult:
+        """Recover the given jobs now if their lease has expired; others are skipped."""
+        ids = _unique_ids(job_ids)
+        done: list[int] = []
+        for start in range(0, len(ids), OPERATOR_CHUNK):
+            chunk = ids[start : start + OPERATOR_CHUNK]
+            done.extend(job.job_id for job in self.reap_expired(limit=len(chunk), job_ids=chunk))
+        return _operator_result(ids, done)
+
+    def _operate(self, name: str, job_ids: Iterable[int], **params: Any) -> OperatorResult:
+        ids = _unique_ids(job_ids)
+        done: list[int] = []
+        for start in range(0, len(ids), OPERATOR_CHUNK):
+            chunk = ids[start : start + OPERATOR_CHUNK]
+            done.extend(row[0] for row in self._run(name, job_ids=chunk, **params).rows)
+        return _operator_result(ids, done)
+
+
+def _unique_ids(job_ids: Iterable[int]) -> list[int]:
+    ids = []
+    for job_id in job_ids:
+        if isinstance(job_id, bool) or not isinstance(job_id, int):
+            raise InvalidOption("job_ids", f"must be integers, not {job_id!r}")
+        ids.append(job_id)
+    return sorted(set(ids))
+
+
+def _operator_result(requested: list[int], done: Iterable[int]) -> OperatorResult:
+    done_set = set(done)
+    return OperatorResult(
+        done=tuple(sorted(done_set)),
+        skipped=tuple(job_id for job_id in requested if job_id not in done_set),
+    )
+
+
+# ---------------------------------------------------------------------- Job.objects
+class JobManager(models.Manager["Job"]):
+    """``Job.objects``: read jobs with the ORM, change them only through these methods."""
+
+    def store(self, using: str | None = None) -> QueueStore:
+        """Return a :class:`QueueStore` on the Django connection for ``using``."""
+        return QueueStore(DjangoRunner(using or self.db))
+
+    def enqueue(
+        self,
+        task_path: str,
+        *,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int | None = None,
+        available_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        partition_key: str | None = None,
+        using: str | None = None,
+    ) -> Job:
+        """Enqueue one job in the current transaction; see :meth:`QueueStore.enqueue`."""
+        spec = JobSpec(
+            task_path=task_path,
+            queue=queue,
+            args=args,
+            kwargs=kwargs or {},
+            priority=priority,
+            max_attempts=max_attempts,
+            available_at=available_at,
+            idempotency_key=idempotency_key,
+            partition_key=partition_key,
+        )
+        return self.store(using).enqueue(spec).job
+
+    def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
+        """Enqueue many jobs with one statement; see :meth:`QueueStore.enqueue_many`."""
+        return [outcome.job for outcome in self.store(using).enqueue_many(specs)]
+
+    def retry(self, job_ids: Iterable[int], *, using: str | None = None) -> OperatorResult:
+        """Revive dead-lettered or cancelled jobs."""
+        return self.store(using).retry(job_ids)
+
+    def run_now(self, job_ids: Iterable[int], *, using: str | None = None) -> OperatorResult:
+        """Make scheduled pending jobs ready now."""
+        return self.store(using).run_now(job_ids)
+
+    def cancel(
+        self, job_ids: Iterable[int], *, reason: str | None = None, using: str | None = None
+    ) -> OperatorResult:
+        """Cancel pending jobs."""
+        return self.store(using).cancel(job_ids, reason=reason)
+
+    def discard(self, job_ids: Iterable[int], *, using: str | None = None) -> OperatorResult:
+        """Delete finished jobs."""
+        return self.store(using).discard(job_ids)
+
+    def requeue_expired(
+        self, job_ids: Iterable[int], *, using: str | None = None
+    ) -> OperatorResult:
+        """Recover jobs whose lease expired, now rather than at the next housekeeping."""
+        return self.store(using).requeue_expired(job_ids)
+
+    def reap_expired(self, *, limit: int = 1000, using: str | None = None) -> list[ReapedJob]:
+        """Recover jobs whose lease expired (housekeeping does this on its own)."""
+        return self.store(using).reap_expired(limit=limit)

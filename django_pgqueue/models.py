@@ -1,0 +1,302 @@
+"""The queue schema: the job inbox and the worker registry.
+
+Every index here is partial and exists for one named query (see ``sql/*.sql``); the
+comments say which. The status literals in index predicates must match the SQL exactly,
+because PostgreSQL only uses a partial index when the query's WHERE clause implies the
+index predicate. ``tests/test_indexes.py`` holds the claim to its index with EXPLAIN.
+
+Rows are written only by the queue manager (``Job.objects``), never through the ORM.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Now
+from django.utils.translation import gettext_lazy as _
+
+from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from .manager import JobManager
+from .partition import BUCKET_COUNT
+from .states import TERMINAL_STATUSES, JobStatus, WorkerStatus
+
+__all__ = ["DeadLetter", "Job", "QueueStat", "Worker"]
+
+class BrinIndex(models.Index):
+    """A BRIN index, without requiring ``django.contrib.postgres`` in INSTALLED_APPS."""
+
+    suffix = "brin"
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        """Return the CREATE INDEX statement with ``USING brin``."""
+        return super().create_sql(model, schema_editor, using=" USING brin", **kwargs)
+
+
+_PENDING = Q(status=JobStatus.PENDING)
+_PROCESSING = Q(status=JobStatus.PROCESSING)
+_PARTITIONED = Q(partition_key__isnull=False)
+_UNPARTITIONED = Q(partition_key__isnull=True)
+
+# Bounds of the free-text columns, shared with enqueue-time validation.
+QUEUE_MAX_LENGTH = 100
+TASK_PATH_MAX_LENGTH = 255
+KEY_MAX_LENGTH = 255
+WORKER_ID_MAX_LENGTH = 200
+
+
+class Job(models.Model):
+    """One unit of work: a task call waiting, running or finished."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(_("queue"), max_length=QUEUE_MAX_LENGTH)
+    task_path = models.CharField(_("task"), max_length=TASK_PATH_MAX_LENGTH)
+    args = models.JSONField(_("positional arguments"), default=list)
+    kwargs = models.JSONField(_("keyword arguments"), default=dict)
+    priority = models.SmallIntegerField(
+        _("priority"), default=0, db_comment="Higher runs first, -100..100 as in django.tasks."
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING
+    )
+    attempts = models.IntegerField(
+        _("attempts"), default=0, db_comment="Attempts started; counted at claim time."
+    )
+    max_attempts = models.IntegerField(_("max attempts"), default=5)
+    lease_generation = models.BigIntegerField(
+        _("lease generation"),
+        default=0,
+        db_comment="Fencing token: bumped at every claim and release.",
+    )
+    claimed_by = models.CharField(  # noqa: DJ001 - NULL means "no holder", not empty text
+        _("claimed by"), max_length=WORKER_ID_MAX_LENGTH, null=True, blank=True
+    )
+    claimed_at = models.DateTimeField(_("claimed at"), null=True, blank=True)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    available_at = models.DateTimeField(_("available at"), db_default=Now())
+    created_at = models.DateTimeField(_("created at"), db_default=Now())
+    started_at = models.DateTimeField(_("first started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    last_error = models.TextField(_("last error"), null=True, blank=True)  # noqa: DJ001
+    last_error_class = models.CharField(  # noqa: DJ001
+        _("last error class"), max_length=255, null=True, blank=True
+    )
+    errors = models.JSONField(
+        _("error history"),
+        default=list,
+        db_comment="One object per failed attempt: class, message, traceback, worker, at.",
+    )
+    result = models.JSONField(_("result"), null=True, blank=True)
+    idempotency_key = models.CharField(  # noqa: DJ001
+        _("idempotency key"), max_length=KEY_MAX_LENGTH, null=True, blank=True
+    )
+    partition_key = models.CharField(  # noqa: DJ001
+        _("partition key"), max_length=KEY_MAX_LENGTH, null=True, blank=True
+    )
+    partition_bucket = models.SmallIntegerField(
+        _("partition bucket"),
+        null=True,
+        blank=True,
+        db_comment="Stable hash of partition_key, 0..1023; spreads partitions over workers.",
+    )
+    step = models.TextField(  # noqa: DJ001
+        _("step"), null=True, blank=True, db_comment="Progress marker of a multi-step job."
+    )
+
+    objects: ClassVar[JobManager] = JobManager()
+
+    class Meta:
+        db_table = "django_pgqueue_job"
+        db_table_comment = "django-pgqueue inbox; written only by the queue manager."
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        ordering = ("-id",)
+        indexes = (
+            # claim_batch, unpartitioned branch: the ready rows of one queue in claim
+            # order (priority, then available_at, then id), read with LIMIT.
+            models.Index(
+                fields=["queue", "-priority", "available_at", "id"],
+                name="pgq_job_claim",
+                condition=_PENDING & _UNPARTITIONED,
+            ),
+            # claim_batch, partitioned branch (the bucket-filtered claim): same order;
+            # the owned-bucket filter and head-of-partition checks run on its rows.
+            models.Index(
+                fields=["queue", "-priority", "available_at", "id"],
+                name="pgq_job_claim_part",
+                condition=_PENDING & _PARTITIONED,
+            ),
+            # claim_batch head check: "is there an older pending row in this partition?"
+            models.Index(
+                fields=["partition_key", "id"],
+                name="pgq_job_part_pending",
+                condition=_PENDING & _PARTITIONED,
+            ),
+            # claim_batch head check: "is any row of this partition processing?"
+            models.Index(
+                fields=["partition_key"],
+                name="pgq_job_part_processing",
+                condition=_PROCESSING & _PARTITIONED,
+            ),
+            # reap_expired and the admin's stuck count: leases that ran out.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="pgq_job_lease",
+                condition=_PROCESSING,
+            ),
+            # queue_lag, scheduled listing and run_now: pending rows by availability.
+            models.Index(
+                fields=["queue", "available_at"],
+                name="pgq_job_pending",
+                condition=_PENDING,
+            ),
+            # prune_finished and finished-at filters in the admin.
+            models.Index(
+                fields=["finished_at"],
+                name="pgq_job_finished",
+                condition=Q(status__in=sorted(TERMINAL_STATUSES)),
+            ),
+            # Dead-letter page: grouped by task and error class, newest first.
+            models.Index(
+                fields=["task_path", "last_error_class", "id"],
+                name="pgq_job_dead",
+                condition=Q(status=JobStatus.DEAD_LETTER),
+            ),
+            # Admin created-at range filters: rows arrive in created_at order, so a BRIN
+            # index is a few pages, and created_at never changes after the insert.
+            BrinIndex(fields=["created_at"], name="pgq_job_created_brin"),
+        )
+        constraints = (
+            # enqueue's ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL.
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                name="pgq_job_idempotency_key",
+                condition=Q(idempotency_key__isnull=False),
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=JobStatus.values), name="pgq_job_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=TASK_MIN_PRIORITY, priority__lte=TASK_MAX_PRIORITY),
+                name="pgq_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(partition_bucket__gte=0, partition_bucket__lt=BUCKET_COUNT)
+                | Q(partition_bucket__isnull=True),
+                name="pgq_job_bucket_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(partition_key__isnull=True, partition_bucket__isnull=True)
+                | Q(partition_key__isnull=False, partition_bucket__isnull=False),
+                name="pgq_job_bucket_with_key",
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    attempts__gte=0, max_attempts__gte=1, attempts__lte=F("max_attempts")
+                ),
+                name="pgq_job_attempts_range",
+            ),
+            models.CheckConstraint(
+                condition=~_PROCESSING
+                | Q(claimed_by__isnull=False, lease_expires_at__isnull=False),
+                name="pgq_job_processing_leased",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.task_path} [{self.status}]"
+
+    @property
+    def status_enum(self) -> JobStatus:
+        """Return the status as a :class:`JobStatus` member."""
+        return JobStatus(self.status)
+
+    @property
+    def is_terminal(self) -> bool:
+        """Return whether the job has finished (succeeded, dead-lettered or cancelled)."""
+        return self.status_enum.is_terminal
+
+    @property
+    def task_name(self) -> str:
+        """Return the task's function name, the last part of its path."""
+        return self.task_path.rpartition(".")[2]
+
+    def error_history(self) -> list[dict[str, Any]]:
+        """Return the recorded attempts' errors, oldest first."""
+        return list(self.errors or [])
+
+
+class DeadLetter(Job):
+    """Dead-lettered jobs: a proxy that gives the admin its own page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("dead letter")
+        verbose_name_plural = _("dead letters")
+
+
+class Worker(models.Model):
+    """A worker process, as it reports itself: the registry behind the ring and the admin."""
+
+    id = models.CharField(primary_key=True, max_length=WORKER_ID_MAX_LENGTH)
+    status = models.CharField(
+        _("status"), max_length=16, choices=WorkerStatus.choices, default=WorkerStatus.ALIVE
+    )
+    hostname = models.CharField(_("hostname"), max_length=255)
+    pid = models.IntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), default=list)
+    concurrency = models.IntegerField(_("concurrency"))
+    started_at = models.DateTimeField(_("started at"), db_default=Now())
+    last_seen_at = models.DateTimeField(_("last seen at"), db_default=Now())
+    metadata = models.JSONField(_("metadata"), default=dict, blank=True)
+
+    class Meta:
+        db_table = "django_pgqueue_worker"
+        db_table_comment = "django-pgqueue worker registry; advisory, never trusted for safety."
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+        ordering = ("-started_at",)
+        # No index besides the primary key: the table holds one row per worker process,
+        # and an index on last_seen_at would make every heartbeat a non-HOT update.
+        constraints = (
+            models.CheckConstraint(
+                condition=Q(status__in=WorkerStatus.values), name="pgq_worker_status_valid"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class QueueStat(models.Model):
+    """Per-minute counters of finished jobs per queue, written by workers.
+
+    Counting finished rows for a throughput figure would scan millions of rows; workers
+    instead add their counts here (one small upsert per heartbeat), and the lag page reads
+    an hour of minutes.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(_("queue"), max_length=QUEUE_MAX_LENGTH)
+    minute = models.DateTimeField(_("minute"))
+    succeeded = models.BigIntegerField(_("succeeded"), default=0)
+    failed = models.BigIntegerField(_("failed"), default=0)
+    dead_lettered = models.BigIntegerField(_("dead-lettered"), default=0)
+    wait_ms_max = models.BigIntegerField(
+        _("longest wait (ms)"),
+        default=0,
+        db_comment="Longest time a job claimed in this minute had been ready.",
+    )
+
+    class Meta:
+        db_table = "django_pgqueue_queuestat"
+        verbose_name = _("queue statistic")
+        verbose_name_plural = _("queue statistics")
+        constraints = (
+            # record_stats' ON CONFLICT (queue, minute).
+            models.UniqueConstraint(fields=["queue", "minute"], name="pgq_stat_queue_minute"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.queue} @ {self.minute:%Y-%m-%d %H:%M}"

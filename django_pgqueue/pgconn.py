@@ -1,0 +1,53 @@
+"""Dedicated psycopg connections, configured like Django's own for the same alias.
+
+Workers keep their queue bookkeeping (claims, completions, lease extensions, LISTEN) on
+connections of their own, separate from the connection a task's handler uses, so a failing
+handler can never roll back the queue's bookkeeping and a busy handler can never starve a
+lease extension.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+__all__ = ["connect"]
+
+# Statements run this many times on a connection are prepared server-side. Django turns
+# this off by default (for PgBouncer); an explicit OPTIONS["prepare_threshold"] wins here too.
+DEFAULT_PREPARE_THRESHOLD = 2
+
+
+def connect(
+    alias: str,
+    *,
+    application_name: str | None = None,
+    prepare: bool = True,
+    connect_timeout: int = 10,
+) -> psycopg.Connection[Any]:
+    """Open an autocommit connection to the database of Django alias ``alias``.
+
+    It uses Django's parameters (host, credentials, OPTIONS) and adapters (jsonb arrives
+    as text, timestamps in Django's time zone), but binds parameters server-side. TCP
+    keepalives are on, so a dead peer is noticed even on an idle LISTEN connection.
+    """
+    wrapper = connections[alias]
+    params: dict[str, Any] = wrapper.get_connection_params()
+    params.pop("cursor_factory", None)
+    options = wrapper.settings_dict.get("OPTIONS", {})
+    if "prepare_threshold" not in options:
+        params["prepare_threshold"] = DEFAULT_PREPARE_THRESHOLD if prepare else None
+    params.setdefault("connect_timeout", connect_timeout)
+    for key, value in (
+        ("keepalives", 1),
+        ("keepalives_idle", 10),
+        ("keepalives_interval", 5),
+        ("keepalives_count", 3),
+    ):
+        params.setdefault(key, value)
+    if application_name:
+        params["application_name"] = application_name[:63]
+    params["autocommit"] = True
+    return psycopg.Connection.connect(**params)

@@ -1,0 +1,105 @@
+-- Operators (the admin, scripts): explicit moves of jobs by id.
+--
+-- Each locks its rows in id order with SKIP LOCKED: a row a worker is touching at that
+-- moment (claiming, completing) is skipped and reported back as such, never waited on,
+-- so an admin action cannot block on a busy queue or fail with a lock error. A running
+-- job is never changed here; the state machine keeps operators to pending and terminal
+-- rows.
+
+
+-- name: retry_jobs
+-- Revive dead-lettered or cancelled jobs: pending, ready now, attempts reset.
+-- The lease generation is kept (it only ever grows), so fencing still holds.
+WITH target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (%(job_ids)s::bigint[])
+      AND job.status IN ('dead_letter', 'cancelled')
+    ORDER BY job.id
+    FOR UPDATE SKIP LOCKED
+),
+retried AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = 'pending',
+        attempts = 0,
+        available_at = now(),
+        finished_at = NULL,
+        claimed_by = NULL,
+        claimed_at = NULL,
+        lease_expires_at = NULL,
+        result = NULL
+    FROM target
+    WHERE job.id = target.id
+      AND job.status IN ('dead_letter', 'cancelled')
+    RETURNING job.id, job.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, ready.queue)
+    FROM (SELECT DISTINCT retried.queue FROM retried) AS ready
+)
+SELECT retried.id, (SELECT count(*) FROM woken) AS notified
+FROM retried
+
+
+-- name: run_jobs_now
+-- Make scheduled or backing-off pending jobs ready now.
+-- Uses pgq_job_pending through the id lookup's primary key.
+WITH target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (%(job_ids)s::bigint[])
+      AND job.status = 'pending'
+      AND job.available_at > now()
+    ORDER BY job.id
+    FOR UPDATE SKIP LOCKED
+),
+readied AS (
+    UPDATE django_pgqueue_job AS job
+    SET available_at = now()
+    FROM target
+    WHERE job.id = target.id
+      AND job.status = 'pending'
+    RETURNING job.id, job.queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, ready.queue)
+    FROM (SELECT DISTINCT readied.queue FROM readied) AS ready
+)
+SELECT readied.id, (SELECT count(*) FROM woken) AS notified
+FROM readied
+
+
+-- name: cancel_jobs
+-- Cancel pending jobs. A job being claimed at this instant is skipped (it runs).
+WITH target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (%(job_ids)s::bigint[])
+      AND job.status = 'pending'
+    ORDER BY job.id
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE django_pgqueue_job AS job
+SET status = 'cancelled',
+    finished_at = now(),
+    last_error = COALESCE(%(reason)s, job.last_error)
+FROM target
+WHERE job.id = target.id
+  AND job.status = 'pending'
+RETURNING job.id
+
+
+-- name: discard_jobs
+-- Delete finished jobs (succeeded, dead-lettered or cancelled); others are skipped.
+WITH target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (%(job_ids)s::bigint[])
+      AND job.status IN ('succeeded', 'dead_letter', 'cancelled')
+    ORDER BY job.id
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM django_pgqueue_job AS job
+USING target
+WHERE job.id = target.id
+RETURNING job.id

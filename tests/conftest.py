@@ -1,0 +1,63 @@
+"""Shared fixtures: real PostgreSQL connections to the test database.
+
+Tests that need committed data visible to other connections (threads, worker
+subprocesses) use ``transactional_db`` through the fixtures below; pytest-django empties
+the tables after each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+from django.db import connection
+
+from django_pgqueue.manager import PsycopgRunner, QueueStore
+from django_pgqueue.pgconn import connect
+from tests.database import with_dbname
+
+
+@pytest.fixture
+def db_url(transactional_db: None) -> str:
+    """Return a libpq URL of the test database (data committed by tests is visible)."""
+    settings = connection.settings_dict
+    params = {
+        "host": settings["HOST"] or "",
+        "port": str(settings["PORT"] or ""),
+        "user": settings["USER"] or "",
+        "password": settings["PASSWORD"] or "",
+    }
+    base = make_conninfo(**{k: v for k, v in params.items() if v})
+    return with_dbname(base, settings["NAME"])
+
+
+@pytest.fixture
+def open_connection(transactional_db: None) -> Iterator[Callable[..., psycopg.Connection[Any]]]:
+    """Return a factory of dedicated autocommit connections, all closed at teardown."""
+    opened: list[psycopg.Connection[Any]] = []
+
+    def factory(**kwargs: Any) -> psycopg.Connection[Any]:
+        conn = connect("default", **kwargs)
+        opened.append(conn)
+        return conn
+
+    yield factory
+    for conn in opened:
+        conn.close()
+
+
+@pytest.fixture
+def store(open_connection: Callable[..., psycopg.Connection[Any]]) -> QueueStore:
+    """Return a QueueStore on its own autocommit connection (like a worker's)."""
+    return QueueStore(PsycopgRunner(open_connection(), "default"))
+
+
+@pytest.fixture
+def make_store(
+    open_connection: Callable[..., psycopg.Connection[Any]],
+) -> Callable[[], QueueStore]:
+    """Return a factory of QueueStores, each on its own connection."""
+    return lambda: QueueStore(PsycopgRunner(open_connection(), "default"))

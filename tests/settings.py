@@ -1,0 +1,70 @@
+"""Settings of the test project (also used by ``python -m tests.manage``)."""
+
+from __future__ import annotations
+
+import django
+
+from tests.database import database_url, django_database
+
+SECRET_KEY = "django-pgqueue-tests-only"  # noqa: S105
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rangefilter",
+    "django_pgqueue",
+    "tests",
+]
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {"default": django_database(database_url())}
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_pgqueue.backend.PgQueueBackend",
+        "QUEUES": ["default", "emails", "reports", "high", "low"],
+    }
+}
+
+PGQUEUE_RETRY_BASE_SECONDS = 0.05
+PGQUEUE_RETRY_MAX_SECONDS = 1.0
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "WARNING"}},
+}

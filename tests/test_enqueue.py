@@ -1,0 +1,147 @@
+"""Enqueueing: transactional visibility, wake-up notifications, bulk inserts."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_pgqueue.conf import conf
+from django_pgqueue.manager import JobSpec
+from django_pgqueue.models import Job
+from django_pgqueue.partition import bucket_for
+from django_pgqueue.states import JobStatus
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _listen(conn, channel=None):
+    conn.execute(f"LISTEN {channel or conf.NOTIFY_CHANNEL}")
+
+
+def _drain_notifies(conn, wait=0.5):
+    """Collect notifications that arrive within ``wait`` seconds."""
+    received = []
+    deadline = time.monotonic() + wait
+    while (remaining := deadline - time.monotonic()) > 0:
+        for notify in conn.notifies(timeout=remaining, stop_after=1):
+            received.append(notify.payload)
+    return received
+
+
+def test_enqueue_returns_a_pending_job_with_defaults(db):
+    job = Job.objects.enqueue("tests.tasks.add", args=[1, 2], kwargs={"x": "y"})
+    job.refresh_from_db()
+    assert job.status == JobStatus.PENDING
+    assert (job.queue, job.task_path, job.args, job.kwargs) == (
+        "default",
+        "tests.tasks.add",
+        [1, 2],
+        {"x": "y"},
+    )
+    assert job.attempts == 0
+    assert job.max_attempts == conf.MAX_ATTEMPTS
+    assert job.lease_generation == 0
+    assert job.errors == []
+    assert job.available_at is not None
+    assert job.created_at is not None
+    assert job.partition_bucket is None
+
+
+def test_partition_bucket_is_the_stable_hash_of_the_key(db):
+    job = Job.objects.enqueue("tests.tasks.noop", partition_key="customer:42")
+    assert job.partition_bucket == bucket_for("customer:42")
+
+
+def test_rolled_back_enqueue_leaves_nothing(db_url, open_connection):
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        Job.objects.enqueue("tests.tasks.noop")
+        raise Boom
+    observer = open_connection()
+    assert observer.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()[0] == 0
+
+
+def test_job_is_invisible_to_other_connections_until_commit(db_url, open_connection):
+    observer = open_connection()
+    with transaction.atomic():
+        job = Job.objects.enqueue("tests.tasks.noop")
+        seen = observer.execute(
+            "SELECT count(*) FROM django_pgqueue_job WHERE id = %s", [job.pk]
+        ).fetchone()[0]
+        assert seen == 0
+    seen = observer.execute(
+        "SELECT count(*) FROM django_pgqueue_job WHERE id = %s", [job.pk]
+    ).fetchone()[0]
+    assert seen == 1
+
+
+def test_one_notification_per_transaction_and_queue_without_payload(db_url, open_connection):
+    listener = open_connection()
+    _listen(listener)
+    with transaction.atomic():
+        for index in range(50):
+            Job.objects.enqueue("tests.tasks.add", args=[index, 1])
+        Job.objects.store().enqueue_many(
+            [JobSpec("tests.tasks.noop", queue="emails") for _ in range(100)]
+        )
+        assert _drain_notifies(listener, wait=0.2) == []  # nothing before COMMIT
+    received = _drain_notifies(listener)
+    assert sorted(received) == ["default", "emails"]
+
+
+def test_scheduled_jobs_do_not_wake_workers(db_url, open_connection):
+    listener = open_connection()
+    _listen(listener)
+    later = timezone.now() + dt.timedelta(hours=1)
+    Job.objects.enqueue("tests.tasks.noop", available_at=later)
+    assert _drain_notifies(listener) == []
+
+
+def test_enqueue_many_inserts_thousands_in_one_statement(db):
+    specs = [
+        JobSpec("tests.tasks.add", args=[index, index], priority=index % 7)
+        for index in range(5000)
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        jobs = Job.objects.enqueue_many(specs)
+    assert len(queries.captured_queries) == 1
+    assert len(jobs) == 5000
+    assert [job.args for job in jobs] == [[index, index] for index in range(5000)]
+    assert len({job.pk for job in jobs}) == 5000
+    assert Job.objects.count() == 5000
+
+
+def test_enqueue_many_resolves_keys_within_the_batch_and_against_existing_jobs(db):
+    existing = Job.objects.enqueue("tests.tasks.noop", idempotency_key="old")
+    outcomes = Job.objects.store().enqueue_many(
+        [
+            JobSpec("tests.tasks.noop", idempotency_key="new"),
+            JobSpec("tests.tasks.noop"),
+            JobSpec("tests.tasks.noop", idempotency_key="old"),
+            JobSpec("tests.tasks.noop", idempotency_key="new"),
+            JobSpec("tests.tasks.noop"),
+        ]
+    )
+    assert [outcome.created for outcome in outcomes] == [True, True, False, False, True]
+    assert outcomes[2].job.pk == existing.pk
+    assert outcomes[3].job.pk == outcomes[0].job.pk
+    assert Job.objects.count() == 4
+
+
+def test_enqueue_many_of_nothing_runs_no_query(db):
+    with CaptureQueriesContext(connection) as queries:
+        assert Job.objects.enqueue_many([]) == []
+    assert queries.captured_queries == []
+
+
+def test_run_after_sets_available_at(db):
+    when = timezone.now() + dt.timedelta(minutes=5)
+    job = Job.objects.enqueue("tests.tasks.noop", available_at=when)
+    assert job.available_at == when

@@ -1,0 +1,115 @@
+"""Operator actions: retry, run now, cancel, discard, requeue expired."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.utils import timezone
+
+from django_pgqueue.exceptions import InvalidOption, LeaseLost
+from django_pgqueue.manager import Failure, JobSpec
+from django_pgqueue.models import Job
+from django_pgqueue.states import JobStatus
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _dead_letter(store, **options):
+    job = store.enqueue(JobSpec("tests.tasks.noop", max_attempts=1, **options)).job
+    (claimed,) = store.claim("w", [job.queue], per_queue=1, lease_seconds=30)
+    store.fail_if_leased(claimed.lease, Failure("E", "boom"))
+    return claimed
+
+
+def test_retry_revives_dead_letters_and_cancelled_jobs(store):
+    dead = _dead_letter(store)
+    cancelled = store.enqueue(JobSpec("tests.tasks.noop")).job
+    store.cancel([cancelled.pk])
+    pending = store.enqueue(JobSpec("tests.tasks.noop", available_at=timezone.now() + dt.timedelta(days=1))).job
+    result = store.retry([dead.id, cancelled.pk, pending.pk])
+    assert result.done == tuple(sorted([dead.id, cancelled.pk]))
+    assert result.skipped == (pending.pk,)
+    revived = Job.objects.get(pk=dead.id)
+    assert (revived.status, revived.attempts, revived.finished_at) == (JobStatus.PENDING, 0, None)
+    assert revived.lease_generation == dead.lease_generation  # never reset
+    assert len(revived.errors) == 1  # history is kept
+    claimed = store.claim("w", ["default"], per_queue=10, lease_seconds=30)
+    assert {job.id for job in claimed} == {dead.id, cancelled.pk}
+    assert next(job for job in claimed if job.id == dead.id).lease_generation == dead.lease_generation + 1
+
+
+def test_a_stale_lease_from_before_the_retry_stays_fenced(store):
+    dead = _dead_letter(store)
+    store.retry([dead.id])
+    store.claim("w2", ["default"], per_queue=1, lease_seconds=30)
+    with pytest.raises(LeaseLost):
+        store.complete_if_leased(dead.lease, "null")
+
+
+def test_run_now_makes_scheduled_jobs_ready(store):
+    later = store.enqueue(JobSpec("tests.tasks.noop", available_at=timezone.now() + dt.timedelta(days=1))).job
+    ready = store.enqueue(JobSpec("tests.tasks.noop")).job
+    result = store.run_now([later.pk, ready.pk])
+    assert result.done == (later.pk,)
+    assert result.skipped == (ready.pk,)
+    assert len(store.claim("w", ["default"], per_queue=10, lease_seconds=30)) == 2
+
+
+def test_cancel_only_touches_pending_jobs(store):
+    pending = store.enqueue(JobSpec("tests.tasks.noop")).job
+    running = store.enqueue(JobSpec("tests.tasks.noop", queue="emails")).job
+    store.claim("w", ["emails"], per_queue=1, lease_seconds=30)
+    result = store.cancel([pending.pk, running.pk], reason="not needed")
+    assert result.done == (pending.pk,)
+    assert result.skipped == (running.pk,)
+    job = Job.objects.get(pk=pending.pk)
+    assert (job.status, job.last_error) == (JobStatus.CANCELLED, "not needed")
+    assert job.finished_at is not None
+    assert Job.objects.get(pk=running.pk).status == JobStatus.PROCESSING
+
+
+def test_cancel_skips_a_row_a_worker_is_claiming_right_now(store, make_store):
+    job = store.enqueue(JobSpec("tests.tasks.noop")).job
+    claimer = make_store()
+    conn = claimer.runner.connection
+    conn.execute("BEGIN")
+    conn.execute("SELECT id FROM django_pgqueue_job WHERE id = %s FOR UPDATE", [job.pk])
+    result = store.cancel([job.pk])  # must not wait for the lock
+    assert result.skipped == (job.pk,)
+    conn.execute("ROLLBACK")
+    assert store.cancel([job.pk]).done == (job.pk,)
+
+
+def test_discard_deletes_only_finished_jobs(store):
+    dead = _dead_letter(store)
+    pending = store.enqueue(JobSpec("tests.tasks.noop")).job
+    result = store.discard([dead.id, pending.pk, 10**12])
+    assert result.done == (dead.id,)
+    assert result.skipped == (pending.pk, 10**12)
+    assert not Job.objects.filter(pk=dead.id).exists()
+
+
+def test_requeue_expired_recovers_only_expired_leases(store):
+    store.enqueue_many([JobSpec("tests.tasks.noop") for _ in range(2)])
+    first, second = store.claim("w", ["default"], per_queue=2, lease_seconds=30)
+    store.runner.connection.execute(
+        "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        [first.id],
+    )
+    result = store.requeue_expired([first.id, second.id])
+    assert result.done == (first.id,)
+    assert result.skipped == (second.id,)
+    assert Job.objects.get(pk=first.id).status == JobStatus.PENDING
+
+
+def test_operator_ids_must_be_integers(store):
+    with pytest.raises(InvalidOption):
+        store.retry(["1"])
+
+
+def test_operator_actions_handle_more_ids_than_one_chunk(store):
+    jobs = store.enqueue_many([JobSpec("tests.tasks.noop") for _ in range(2500)])
+    result = store.cancel([outcome.job.pk for outcome in jobs])
+    assert len(result.done) == 2500
+    assert Job.objects.filter(status=JobStatus.CANCELLED).count() == 2500

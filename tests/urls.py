@@ -1,0 +1,6 @@
+"""URLs of the test project: the admin."""
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]
