@@ -13,6 +13,7 @@ Configure it in ``TASKS``::
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -75,7 +76,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     #: Jobs sharing a partition key run one at a time, in enqueue order.
     partition_key: str | None = None
 
-    def using(  # type: ignore[override]
+    def using(
         self,
         *,
         priority: int | None = None,
@@ -222,10 +223,9 @@ class PgQueueBackend(BaseTaskBackend):
     def _result(self, task: Task, job: Job) -> TaskResult:  # type: ignore[type-arg]
         status = JobStatus(job.status)
         if task.queue_name != job.queue or task.priority != job.priority:
-            try:
+            # If the job's queue is no longer configured, report the task as defined.
+            with contextlib.suppress(InvalidTask):
                 task = replace(task, queue_name=job.queue, priority=job.priority)
-            except InvalidTask:
-                pass  # the job's queue is no longer configured: report the task as defined
         history = job.error_history()
         errors = [
             TaskError(
@@ -244,7 +244,7 @@ class PgQueueBackend(BaseTaskBackend):
         worker_ids = [str(entry.get("worker", "")) for entry in history]
         if job.claimed_by and status in {JobStatus.PROCESSING, JobStatus.SUCCEEDED}:
             worker_ids.append(job.claimed_by)
-        result = TaskResult(
+        result: TaskResult[..., Any] = TaskResult(
             task=task,
             id=str(job.pk),
             status=_STATUS_MAP[status],
@@ -304,7 +304,9 @@ def _validate_options(task: PgQueueTask) -> None:
         or not isinstance(task.max_attempts, int)
         or not 1 <= task.max_attempts <= 1000
     ):
-        raise InvalidOption("max_attempts", f"{task.max_attempts!r} is not a whole number in 1..1000")
+        raise InvalidOption(
+            "max_attempts", f"{task.max_attempts!r} is not a whole number in 1..1000"
+        )
     if task.timeout is not None and (
         isinstance(task.timeout, bool)
         or not isinstance(task.timeout, int | float)
@@ -343,8 +345,10 @@ def resolve_task(task_path: str) -> Task:  # type: ignore[type-arg]
         candidate = import_string(task_path)
     except ImportError as error:
         raise UnknownTask(task_path, f"cannot be imported ({error})") from error
-    except Exception as error:  # a module that fails at import time  # noqa: BLE001
-        raise UnknownTask(task_path, f"importing it raised {type(error).__name__}: {error}") from error
+    except Exception as error:  # a module that fails at import time
+        raise UnknownTask(
+            task_path, f"importing it raised {type(error).__name__}: {error}"
+        ) from error
     if not isinstance(candidate, Task):
         raise UnknownTask(task_path, f"is a {type(candidate).__name__}, not a task")
     return candidate

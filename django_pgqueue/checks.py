@@ -54,7 +54,7 @@ def _queue_backends() -> list[Any]:
     for alias in task_backends.settings:
         try:
             backend = task_backends[alias]
-        except Exception:  # noqa: BLE001, S112 - a broken TASKS entry is Django's check to report
+        except Exception:  # noqa: S112 - a broken TASKS entry is Django's check to report
             continue
         if isinstance(backend, PgQueueBackend):
             found.append(backend)
@@ -64,9 +64,7 @@ def _queue_backends() -> list[Any]:
 @checks.register()
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
     """Report invalid ``PGQUEUE_*`` settings (E101-E120)."""
-    return [
-        checks.Error(message, id=SETTING_CHECK_IDS[name]) for name, message in conf.problems()
-    ]
+    return [checks.Error(message, id=SETTING_CHECK_IDS[name]) for name, message in conf.problems()]
 
 
 @checks.register()

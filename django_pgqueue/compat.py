@@ -24,11 +24,11 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "task",
     "task_backends",
     "task_enqueued",
     "task_finished",
     "task_started",
-    "task",
 ]
 
 #: True when Django itself provides ``django.tasks`` (6.0 and later).

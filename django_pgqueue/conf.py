@@ -45,9 +45,7 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
     SettingSpec(
         "HEARTBEAT_SECONDS", 5.0, "How often workers extend leases and refresh the registry."
     ),
-    SettingSpec(
-        "WORKER_TIMEOUT_SECONDS", 30.0, "Silence after which a worker is considered dead."
-    ),
+    SettingSpec("WORKER_TIMEOUT_SECONDS", 30.0, "Silence after which a worker is considered dead."),
     SettingSpec("POLL_INTERVAL_SECONDS", 1.0, "Fallback poll when no notification arrives."),
     SettingSpec("CONCURRENCY", 10, "Jobs one worker process runs at the same time."),
     SettingSpec("BATCH_SIZE", 100, "Most jobs claimed in one round trip."),
@@ -102,7 +100,11 @@ class Settings:
 
     def _seconds(self, name: str, *, minimum: float = 0.0, strict: bool = True) -> float:
         value = self._raw(name)
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
             raise ConfigurationError(f"PGQUEUE_{name} must be a number of seconds, not {value!r}")
         if value < minimum or (strict and value <= minimum):
             relation = ">" if strict else ">="

@@ -13,7 +13,7 @@ __all__ = ["JobContext"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class JobContext(TaskContext):  # type: ignore[type-arg]
+class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not frozen
     """Django's ``TaskContext`` plus what a durable job needs.
 
     ``attempt`` is the attempt being run (1 on the first run), counted by the database at

@@ -83,7 +83,7 @@ class EmbeddedPostgres:
         if len(str(self.datadir)) <= _MAX_SOCKET_DIR:
             return self.datadir
         # Deep checkouts: keep the socket short but still unique to this data folder.
-        digest = hashlib.sha1(str(self.datadir).encode()).hexdigest()[:12]
+        digest = hashlib.sha1(str(self.datadir).encode(), usedforsecurity=False).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"pgq-{digest}"
 
     def url(self, dbname: str = "postgres") -> str:
@@ -181,7 +181,14 @@ class EmbeddedPostgres:
             pwd.getpwnam(SERVICE_USER)
         except KeyError:
             subprocess.run(
-                ["useradd", "--system", "--no-create-home", "--shell", "/bin/false", SERVICE_USER],
+                [  # noqa: S607 - useradd from the system PATH, as root
+                    "useradd",
+                    "--system",
+                    "--no-create-home",
+                    "--shell",
+                    "/bin/false",
+                    SERVICE_USER,
+                ],
                 check=True,
                 capture_output=True,
             )
@@ -224,9 +231,8 @@ class EmbeddedPostgres:
             socket_dir.chmod(0o777)
         conf = self.datadir / "postgresql.conf"
         with conf.open("a") as handle:
-            handle.write(
-                f"\n# django_pgqueue.embedded\n{settings}\nunix_socket_directories = '{socket_dir}'\n"
-            )
+            handle.write(f"\n# django_pgqueue.embedded\n{settings}\n")
+            handle.write(f"unix_socket_directories = '{socket_dir}'\n")
 
     def _pg_ctl(self, args: list[str]) -> None:
         self._run([str(self.bindir / "pg_ctl"), "-D", str(self.datadir), *args])

@@ -259,7 +259,7 @@ class PsycopgRunner:
     def run(self, query: Query, params: Mapping[str, Any]) -> Result:
         """Execute ``query`` with server-side binding (prepared after a few uses)."""
         with self.connection.cursor() as cursor:
-            cursor.execute(query.text, params)  # type: ignore[arg-type]  # SQL from our files
+            cursor.execute(query.text, params)
             if cursor.description is None:
                 return Result((), [], cursor.rowcount)
             columns = tuple(column.name for column in cursor.description)
@@ -346,7 +346,11 @@ class QueueStore:
                 outcomes.append(Enqueued(by_key[key], created=False))
                 continue
             row = rows[position] if position < len(rows) else None
-            if row is not None and row["idempotency_key"] == key and row["task_path"] == spec.task_path:
+            if (
+                row is not None
+                and row["idempotency_key"] == key
+                and row["task_path"] == spec.task_path
+            ):
                 job = self._job(row)
                 position += 1
                 if key is not None:
@@ -359,7 +363,11 @@ class QueueStore:
         if position != len(rows):
             raise AssertionError("enqueue_many: more rows returned than matched")
 
-        missing = [spec.idempotency_key for spec, outcome in zip(specs, outcomes, strict=True) if outcome is None]
+        missing = [
+            spec.idempotency_key
+            for spec, outcome in zip(specs, outcomes, strict=True)
+            if outcome is None
+        ]
         if missing:
             existing = self._by_idempotency_keys([key for key in missing if key is not None])
             for index, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True)):
@@ -396,9 +404,7 @@ class QueueStore:
         if not isinstance(spec.task_path, str) or not spec.task_path:
             raise InvalidOption("task_path", "must be a non-empty string")
         if len(spec.task_path) > TASK_PATH_MAX_LENGTH:
-            raise InvalidOption(
-                "task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters"
-            )
+            raise InvalidOption("task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters")
         if not isinstance(spec.queue, str) or not spec.queue:
             raise InvalidOption("queue_name", "must be a non-empty string")
         if len(spec.queue) > QUEUE_MAX_LENGTH or "\x00" in spec.queue:
@@ -423,9 +429,7 @@ class QueueStore:
             if not isinstance(available_at, datetime):
                 raise InvalidOption("run_after", f"must be a datetime, not {available_at!r}")
             if settings.USE_TZ and timezone.is_naive(available_at):
-                raise InvalidOption(
-                    "run_after", "must be an aware datetime (USE_TZ is True)"
-                )
+                raise InvalidOption("run_after", "must be an aware datetime (USE_TZ is True)")
             if not settings.USE_TZ and timezone.is_naive(available_at):
                 available_at = timezone.make_aware(available_at)
         idempotency_key = check_key(

@@ -24,6 +24,7 @@ from .states import TERMINAL_STATUSES, JobStatus, WorkerStatus
 
 __all__ = ["DeadLetter", "Job", "QueueStat", "Worker"]
 
+
 class BrinIndex(models.Index):
     """A BRIN index, without requiring ``django.contrib.postgres`` in INSTALLED_APPS."""
 
@@ -192,9 +193,7 @@ class Job(models.Model):
                 name="pgq_job_bucket_with_key",
             ),
             models.CheckConstraint(
-                condition=Q(
-                    attempts__gte=0, max_attempts__gte=1, attempts__lte=F("max_attempts")
-                ),
+                condition=Q(attempts__gte=0, max_attempts__gte=1, attempts__lte=F("max_attempts")),
                 name="pgq_job_attempts_range",
             ),
             models.CheckConstraint(

@@ -64,6 +64,4 @@ class HashRing:
         """Return the buckets owned by ``member`` (empty if it is not on the ring)."""
         if member not in self.members:
             return frozenset()
-        return frozenset(
-            bucket for bucket in range(BUCKET_COUNT) if self.owner(bucket) == member
-        )
+        return frozenset(bucket for bucket in range(BUCKET_COUNT) if self.owner(bucket) == member)

@@ -22,7 +22,9 @@ _MAX_DEPTH = 100
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def encode_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int) -> tuple[str, str]:
+def encode_arguments(
+    args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
+) -> tuple[str, str]:
     """Return ``(args_json, kwargs_json)``; raise if they are not plain JSON or too large.
 
     Raises :class:`InvalidArguments` naming the offending argument (``args[1]``,
@@ -47,7 +49,10 @@ def encode_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: i
 
 
 def encode_result(value: Any) -> str:
-    """Return a task's return value as JSON text; raise :class:`InvalidArguments` if it is not JSON."""
+    """Return a task's return value as JSON text.
+
+    Raises :class:`InvalidArguments` if the value is not plain JSON.
+    """
     _check(value, "return value", 0)
     return _ENCODER.encode(value)
 
@@ -64,7 +69,9 @@ def _check(value: Any, path: str, depth: int) -> None:
         return
     if kind is float:
         if not math.isfinite(value):
-            raise InvalidArguments(path, f"{value!r} is not valid JSON (NaN and infinities are not)")
+            raise InvalidArguments(
+                path, f"{value!r} is not valid JSON (NaN and infinities are not)"
+            )
         return
     if depth >= _MAX_DEPTH:
         raise InvalidArguments(path, f"nested deeper than {_MAX_DEPTH} levels")

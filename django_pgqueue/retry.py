@@ -33,12 +33,12 @@ class RetryPolicy:
 
     def bounds(self, attempt: int) -> tuple[float, float]:
         """Return the smallest and largest delay after the ``attempt``-th failed attempt."""
-        nominal = min(self.max_seconds, self.base_seconds * 2 ** max(attempt - 1, 0))
+        nominal = min(self.max_seconds, self.base_seconds * 2.0 ** max(attempt - 1, 0))
         return nominal * (1 - self.jitter), nominal * (1 + self.jitter)
 
     def delay(self, attempt: int, unit: float) -> float:
         """Return the delay for ``attempt`` given ``unit`` drawn uniformly from [-1, 1)."""
-        nominal = min(self.max_seconds, self.base_seconds * 2 ** max(attempt - 1, 0))
+        nominal = min(self.max_seconds, self.base_seconds * 2.0 ** max(attempt - 1, 0))
         return nominal * (1 + self.jitter * unit)
 
     def sql_params(self) -> dict[str, float]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 from django.db import connection
+from psycopg.conninfo import make_conninfo
 
 from django_pgqueue.manager import PsycopgRunner, QueueStore
 from django_pgqueue.pgconn import connect

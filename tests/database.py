@@ -44,7 +44,7 @@ def with_dbname(url: str, dbname: str) -> str:
     """Return ``url`` pointing at another database on the same server."""
     params = conninfo_to_dict(url)
     params["dbname"] = dbname
-    return make_conninfo(**params)
+    return make_conninfo("", **params)
 
 
 def django_database(url: str) -> dict[str, Any]:

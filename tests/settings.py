@@ -6,7 +6,7 @@ import django
 
 from tests.database import database_url, django_database
 
-SECRET_KEY = "django-pgqueue-tests-only"  # noqa: S105
+SECRET_KEY = "django-pgqueue-tests-only"
 DEBUG = False
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
@@ -50,7 +50,11 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-DATABASES = {"default": django_database(database_url())}
+DATABASES = {
+    "default": django_database(database_url()),
+    # Only for the system check that rejects non-PostgreSQL databases; never queried.
+    "not_postgres": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+}
 
 TASKS = {
     "default": {

@@ -43,12 +43,24 @@ def test_claim_leases_the_job_on_the_database_clock(store):
 
 def test_claim_order_is_priority_then_available_at_then_id(store):
     now = timezone.now()
-    low_old = store.enqueue(JobSpec("tests.tasks.noop", priority=0, available_at=now - dt.timedelta(minutes=5))).job
-    high_new = store.enqueue(JobSpec("tests.tasks.noop", priority=50, available_at=now - dt.timedelta(minutes=1))).job
-    high_old = store.enqueue(JobSpec("tests.tasks.noop", priority=50, available_at=now - dt.timedelta(minutes=2))).job
-    low_tie_a = store.enqueue(JobSpec("tests.tasks.noop", priority=0, available_at=now - dt.timedelta(minutes=1))).job
-    low_tie_b = store.enqueue(JobSpec("tests.tasks.noop", priority=0, available_at=now - dt.timedelta(minutes=1))).job
-    negative = store.enqueue(JobSpec("tests.tasks.noop", priority=-10, available_at=now - dt.timedelta(hours=1))).job
+    low_old = store.enqueue(
+        JobSpec("tests.tasks.noop", priority=0, available_at=now - dt.timedelta(minutes=5))
+    ).job
+    high_new = store.enqueue(
+        JobSpec("tests.tasks.noop", priority=50, available_at=now - dt.timedelta(minutes=1))
+    ).job
+    high_old = store.enqueue(
+        JobSpec("tests.tasks.noop", priority=50, available_at=now - dt.timedelta(minutes=2))
+    ).job
+    low_tie_a = store.enqueue(
+        JobSpec("tests.tasks.noop", priority=0, available_at=now - dt.timedelta(minutes=1))
+    ).job
+    low_tie_b = store.enqueue(
+        JobSpec("tests.tasks.noop", priority=0, available_at=now - dt.timedelta(minutes=1))
+    ).job
+    negative = store.enqueue(
+        JobSpec("tests.tasks.noop", priority=-10, available_at=now - dt.timedelta(hours=1))
+    ).job
     order = []
     while claimed := store.claim("w", ["default"], per_queue=1, lease_seconds=30):
         order.extend(job.id for job in claimed)
@@ -107,9 +119,11 @@ def test_eight_concurrent_claimers_never_get_the_same_job(store, make_store):
     def claimer(index: int) -> None:
         try:
             barrier.wait(timeout=10)
-            while batch := stores[index].claim(f"w{index}", ["default"], per_queue=25, lease_seconds=60):
+            while batch := stores[index].claim(
+                f"w{index}", ["default"], per_queue=25, lease_seconds=60
+            ):
                 claimed_by[index].extend(job.id for job in batch)
-        except BaseException as error:  # noqa: BLE001 - surfaced below
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=claimer, args=(index,)) for index in range(8)]
@@ -123,9 +137,7 @@ def test_eight_concurrent_claimers_never_get_the_same_job(store, make_store):
     assert len(set(all_ids)) == total
     assert sum(1 for ids in claimed_by.values() if ids) > 1, "claims should interleave"
     # Every row is leased to exactly the worker that got it, at generation 1.
-    owners = dict(
-        Job.objects.filter(status=JobStatus.PROCESSING).values_list("id", "claimed_by")
-    )
+    owners = dict(Job.objects.filter(status=JobStatus.PROCESSING).values_list("id", "claimed_by"))
     for index, ids in claimed_by.items():
         assert all(owners[job_id] == f"w{index}" for job_id in ids)
     assert set(Job.objects.values_list("lease_generation", flat=True)) == {1}

@@ -106,8 +106,7 @@ def test_scheduled_jobs_do_not_wake_workers(db_url, open_connection):
 
 def test_enqueue_many_inserts_thousands_in_one_statement(db):
     specs = [
-        JobSpec("tests.tasks.add", args=[index, index], priority=index % 7)
-        for index in range(5000)
+        JobSpec("tests.tasks.add", args=[index, index], priority=index % 7) for index in range(5000)
     ]
     with CaptureQueriesContext(connection) as queries:
         jobs = Job.objects.enqueue_many(specs)

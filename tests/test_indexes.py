@@ -96,9 +96,7 @@ def _walk(plan: dict[str, Any]):
 
 
 def _job_table_scans(conn, name: str) -> list[tuple[str, str | None]]:
-    rows = conn.execute(
-        "EXPLAIN (FORMAT JSON) " + QUERIES[name].text, PARAMS[name]
-    ).fetchone()[0]
+    rows = conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name].text, PARAMS[name]).fetchone()[0]
     plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
     return [
         (node["Node Type"], node.get("Index Name"))
@@ -124,5 +122,7 @@ def test_hot_queries_use_their_indexes_with_a_million_finished_rows(open_connect
                 problems.append(f"{plan_mode}: {name} scans the job table sequentially: {scans}")
             satisfied = bool(expected & used) if name in ANY_OF else expected <= used
             if not satisfied:
-                problems.append(f"{plan_mode}: {name} uses {sorted(used)}, expected {sorted(expected)}")
+                problems.append(
+                    f"{plan_mode}: {name} uses {sorted(used)}, expected {sorted(expected)}"
+                )
     assert not problems, "\n".join(problems)

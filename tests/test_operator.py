@@ -26,7 +26,9 @@ def test_retry_revives_dead_letters_and_cancelled_jobs(store):
     dead = _dead_letter(store)
     cancelled = store.enqueue(JobSpec("tests.tasks.noop")).job
     store.cancel([cancelled.pk])
-    pending = store.enqueue(JobSpec("tests.tasks.noop", available_at=timezone.now() + dt.timedelta(days=1))).job
+    pending = store.enqueue(
+        JobSpec("tests.tasks.noop", available_at=timezone.now() + dt.timedelta(days=1))
+    ).job
     result = store.retry([dead.id, cancelled.pk, pending.pk])
     assert result.done == tuple(sorted([dead.id, cancelled.pk]))
     assert result.skipped == (pending.pk,)
@@ -36,7 +38,10 @@ def test_retry_revives_dead_letters_and_cancelled_jobs(store):
     assert len(revived.errors) == 1  # history is kept
     claimed = store.claim("w", ["default"], per_queue=10, lease_seconds=30)
     assert {job.id for job in claimed} == {dead.id, cancelled.pk}
-    assert next(job for job in claimed if job.id == dead.id).lease_generation == dead.lease_generation + 1
+    assert (
+        next(job for job in claimed if job.id == dead.id).lease_generation
+        == dead.lease_generation + 1
+    )
 
 
 def test_a_stale_lease_from_before_the_retry_stays_fenced(store):
@@ -48,7 +53,9 @@ def test_a_stale_lease_from_before_the_retry_stays_fenced(store):
 
 
 def test_run_now_makes_scheduled_jobs_ready(store):
-    later = store.enqueue(JobSpec("tests.tasks.noop", available_at=timezone.now() + dt.timedelta(days=1))).job
+    later = store.enqueue(
+        JobSpec("tests.tasks.noop", available_at=timezone.now() + dt.timedelta(days=1))
+    ).job
     ready = store.enqueue(JobSpec("tests.tasks.noop")).job
     result = store.run_now([later.pk, ready.pk])
     assert result.done == (later.pk,)
@@ -94,7 +101,8 @@ def test_requeue_expired_recovers_only_expired_leases(store):
     store.enqueue_many([JobSpec("tests.tasks.noop") for _ in range(2)])
     first, second = store.claim("w", ["default"], per_queue=2, lease_seconds=30)
     store.runner.connection.execute(
-        "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second' WHERE id = %s",
+        "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second' "
+        "WHERE id = %s",
         [first.id],
     )
     result = store.requeue_expired([first.id, second.id])

@@ -119,7 +119,7 @@ def test_order_holds_with_eight_concurrent_claimers(store, make_store):
                     with lock:
                         del running[key]
                     my_store.complete_many_if_leased(f"w{index}", [(job.lease, "null")])
-        except BaseException as error:  # noqa: BLE001
+        except BaseException as error:
             errors.append(error)
 
     threads = [threading.Thread(target=worker, args=(index,)) for index in range(8)]

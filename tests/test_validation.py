@@ -84,7 +84,7 @@ def test_default_payload_limit_is_one_megabyte():
         ({"idempotency_key": ""}, "idempotency_key"),
         ({"partition_key": 42}, "partition_key"),
         ({"queue": "q" * 101}, "queue_name"),
-        ({"available_at": dt.datetime(2030, 1, 1)}, "run_after"),  # naive with USE_TZ  # noqa: DTZ001
+        ({"available_at": dt.datetime(2030, 1, 1)}, "run_after"),  # naive with USE_TZ
     ],
 )
 def test_out_of_range_options_raise_naming_the_option(kwargs, option):
@@ -139,7 +139,7 @@ def test_priority_out_of_range_raises_at_using_time():
 
 def test_naive_run_after_raises_with_use_tz():
     with pytest.raises(InvalidOption) as caught:
-        tasks.noop.using(run_after=dt.datetime(2030, 1, 1))  # noqa: DTZ001
+        tasks.noop.using(run_after=dt.datetime(2030, 1, 1))
     assert caught.value.option == "run_after"
 
 

@@ -41,7 +41,8 @@ INDEX_COMMENTS = {
 
 def _comments(text_for):
     return ";\n".join(
-        f"COMMENT ON INDEX {name} IS {text_for(comment)}" for name, comment in INDEX_COMMENTS.items()
+        f"COMMENT ON INDEX {name} IS {text_for(comment)}"
+        for name, comment in INDEX_COMMENTS.items()
     )
 
 

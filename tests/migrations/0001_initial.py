@@ -4,35 +4,43 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField(unique=True)),
-                ('note', models.CharField(blank=True, default='', max_length=200)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_id", models.BigIntegerField(unique=True)),
+                ("note", models.CharField(blank=True, default="", max_length=200)),
             ],
         ),
         migrations.CreateModel(
-            name='LedgerEntry',
+            name="LedgerEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('job_id', models.BigIntegerField()),
-                ('event', models.CharField(max_length=32)),
-                ('attempt', models.IntegerField(default=0)),
-                ('lease_generation', models.BigIntegerField(default=0)),
-                ('worker_pid', models.IntegerField(default=0)),
-                ('label', models.CharField(blank=True, default='', max_length=200)),
-                ('at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("job_id", models.BigIntegerField()),
+                ("event", models.CharField(max_length=32)),
+                ("attempt", models.IntegerField(default=0)),
+                ("lease_generation", models.BigIntegerField(default=0)),
+                ("worker_pid", models.IntegerField(default=0)),
+                ("label", models.CharField(blank=True, default="", max_length=200)),
+                ("at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'indexes': [models.Index(fields=['job_id', 'event'], name='ledger_job_event')],
+                "indexes": [models.Index(fields=["job_id", "event"], name="ledger_job_event")],
             },
         ),
     ]

@@ -1,0 +1,139 @@
+"""System checks: one test per check ID."""
+
+from __future__ import annotations
+
+import pytest
+from django.core import checks
+from django.core.management import call_command
+from django.db import connection
+from django.test import override_settings
+
+from django_pgqueue import checks as pgqueue_checks
+from django_pgqueue.backend import PgQueueBackend
+from django_pgqueue.conf import SETTINGS
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _ids(messages):
+    return sorted(message.id for message in messages)
+
+
+def test_the_test_project_passes_all_checks(db):
+    call_command("check", "--database", "default", "--fail-level", "WARNING")
+
+
+def test_e001_jobs_in_a_non_postgresql_database():
+    backend = PgQueueBackend("x", {"QUEUES": ["default"], "OPTIONS": {"DATABASE": "not_postgres"}})
+    assert _ids(backend.check()) == ["django_pgqueue.E001"]
+
+
+def test_e002_postgresql_older_than_14(db, monkeypatch):
+    assert pgqueue_checks.check_database_version(databases=["default"]) == []
+    monkeypatch.setattr(connection, "pg_version", 130012)
+    messages = pgqueue_checks.check_database_version(databases=["default"])
+    assert _ids(messages) == ["django_pgqueue.E002"]
+    assert "13" in messages[0].msg
+
+
+def test_e002_is_skipped_without_database_access():
+    assert pgqueue_checks.check_database_version(databases=None) == []
+
+
+def test_e003_backend_without_the_app():
+    apps_without = [
+        "django.contrib.contenttypes",
+        "django.contrib.auth",
+        "tests",
+    ]
+    with override_settings(INSTALLED_APPS=apps_without):
+        backend = PgQueueBackend("x", {"QUEUES": ["default"]})
+        assert _ids(backend.check()) == ["django_pgqueue.E003"]
+
+
+def test_e004_admin_without_rangefilter():
+    apps_without = [
+        "django.contrib.admin",
+        "django.contrib.auth",
+        "django.contrib.contenttypes",
+        "django.contrib.sessions",
+        "django.contrib.messages",
+        "django_pgqueue",
+        "tests",
+    ]
+    with override_settings(INSTALLED_APPS=apps_without):
+        assert "django_pgqueue.E004" in _ids(pgqueue_checks.check_apps())
+
+
+@pytest.mark.parametrize("queues", [[], ["q" * 101], [""]])
+def test_e005_invalid_queue_names(queues):
+    backend = PgQueueBackend("x", {"QUEUES": queues})
+    assert _ids(backend.check()) == ["django_pgqueue.E005"]
+
+
+def test_e006_database_alias_not_configured():
+    backend = PgQueueBackend("x", {"QUEUES": ["default"], "OPTIONS": {"DATABASE": "missing"}})
+    assert _ids(backend.check()) == ["django_pgqueue.E006"]
+
+
+BAD_VALUES = {
+    "MAX_ATTEMPTS": 0,
+    "MAX_PAYLOAD_BYTES": "big",
+    "RETRY_BASE_SECONDS": -1,
+    "RETRY_MAX_SECONDS": float("nan"),
+    "RETRY_JITTER": 1.5,
+    "LEASE_SECONDS": 0,
+    "HEARTBEAT_SECONDS": True,
+    "WORKER_TIMEOUT_SECONDS": 0,
+    "POLL_INTERVAL_SECONDS": "1",
+    "CONCURRENCY": 0,
+    "BATCH_SIZE": 10**9,
+    "PREFETCH": -1,
+    "GRACE_SECONDS": -5,
+    "HOUSEKEEPING_INTERVAL_SECONDS": 0,
+    "RETENTION_SECONDS": -1,
+    "DEAD_LETTER_RETENTION_SECONDS": "forever",
+    "PRUNE_BATCH_SIZE": 0,
+    "UNKNOWN_TASK_TIMEOUT_SECONDS": -1,
+    "NOTIFY_CHANNEL": "no spaces; allowed",
+    "PARTITION_VNODES": 0,
+    "PARTITION_SCAN_LIMIT": 0,
+}
+
+
+def test_every_setting_has_a_check_id_and_a_bad_value():
+    names = {spec.name for spec in SETTINGS}
+    assert names == set(pgqueue_checks.SETTING_CHECK_IDS) == set(BAD_VALUES)
+    assert len(set(pgqueue_checks.SETTING_CHECK_IDS.values())) == len(names)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VALUES))
+def test_e1xx_invalid_setting(name):
+    with override_settings(**{f"PGQUEUE_{name}": BAD_VALUES[name]}):
+        messages = pgqueue_checks.check_settings()
+    assert _ids(messages) == [pgqueue_checks.SETTING_CHECK_IDS[name]]
+    assert f"PGQUEUE_{name}" in messages[0].msg
+
+
+def test_e107_heartbeat_must_fit_twice_into_the_lease():
+    with override_settings(PGQUEUE_LEASE_SECONDS=10, PGQUEUE_HEARTBEAT_SECONDS=6):
+        assert _ids(pgqueue_checks.check_settings()) == ["django_pgqueue.E107"]
+
+
+def test_w001_app_installed_but_no_backend_uses_it():
+    dummy = {"default": {"BACKEND": "django_pgqueue.backend.PgQueueBackend"}}
+    other = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=dummy):
+        assert "django_pgqueue.W001" not in _ids(pgqueue_checks.check_apps())
+    if not _has_native_tasks():
+        other = {"default": {"BACKEND": "django_tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=other):
+        messages = pgqueue_checks.check_apps()
+    assert _ids(messages) == ["django_pgqueue.W001"]
+    assert all(isinstance(message, checks.CheckMessage) for message in messages)
+
+
+def _has_native_tasks():
+    from django_pgqueue.compat import NATIVE_TASKS
+
+    return NATIVE_TASKS

@@ -1,0 +1,85 @@
+"""The SQL files: well formed, all used, and faithful to the state machine."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import django_pgqueue.manager
+from django_pgqueue.sql import QUERIES, parse
+from django_pgqueue.states import TRANSITIONS, JobStatus, Transition
+
+MANAGER_SOURCE = Path(django_pgqueue.manager.__file__).read_text()
+
+#: Which transitions each status-changing statement performs.
+STATUS_WRITES = {
+    "claim_batch": {Transition.CLAIM},
+    "complete_if_leased": {Transition.COMPLETE},
+    "complete_many_if_leased": {Transition.COMPLETE},
+    "fail_if_leased": {Transition.RETRY_LATER, Transition.DEAD_LETTER},
+    "release_if_leased": {Transition.RELEASE},
+    "release_many_if_leased": {Transition.RELEASE},
+    "reap_expired": {Transition.REAP, Transition.REAP_EXHAUSTED},
+    "retry_jobs": {Transition.RETRY},
+    "cancel_jobs": {Transition.CANCEL},
+}
+
+_SET_STATUS = re.compile(r"SET status = (?:'(\w+)'|CASE(.*?)END)", re.S)
+_LITERAL = re.compile(r"'(\w+)'")
+
+
+def test_every_query_is_described_and_used_by_the_manager():
+    for name, query in QUERIES.items():
+        assert query.description, f"{name} has no description"
+        assert f'"{name}"' in MANAGER_SOURCE, f"{name} is never run by the manager"
+
+
+def test_status_literals_are_job_statuses():
+    statuses = set(JobStatus.values)
+    for name, query in QUERIES.items():
+        for match in re.finditer(r"status\s*(?:=|<>|IN)\s*\(?([^)\n]*)", query.text):
+            for literal in _LITERAL.findall(match.group(1)):
+                if "worker" in name:
+                    continue
+                assert literal in statuses, f"{name}: unknown status {literal!r}"
+
+
+@pytest.mark.parametrize("name", sorted(STATUS_WRITES))
+def test_status_changes_follow_the_state_machine(name):
+    text = QUERIES[name].text
+    targets = set()
+    for simple, case in _SET_STATUS.findall(text):
+        targets.update(
+            [simple]
+            if simple
+            else _LITERAL.findall(case.split("ELSE")[-1]) + re.findall(r"THEN '(\w+)'", case)
+        )
+    expected_targets = {TRANSITIONS[t][1].value for t in STATUS_WRITES[name]}
+    assert targets == expected_targets, name
+    sources = set().union(*(TRANSITIONS[t][0] for t in STATUS_WRITES[name]))
+    for source in sources:
+        assert f"'{source.value}'" in text, f"{name} never checks for {source.value}"
+
+
+def test_status_writes_cover_every_transition_but_run_now():
+    covered = set().union(*STATUS_WRITES.values())
+    assert covered | {Transition.RUN_NOW} == set(Transition)
+
+
+def test_terminal_statuses_only_leave_through_retry():
+    for transition, (sources, _target) in TRANSITIONS.items():
+        if any(source.is_terminal for source in sources):
+            assert transition is Transition.RETRY
+
+
+def test_parser_rejects_duplicates_and_empty_blocks():
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\n-- x\nSELECT 1;\n-- name: a\n-- y\nSELECT 2;", "t.sql")
+    with pytest.raises(ValueError, match="no statement"):
+        parse("-- name: a\n-- only a comment\n", "t.sql")
+    parsed = parse("-- header\n\n-- name: one\n-- Does one thing.\nSELECT %(x)s;\n", "t.sql")
+    assert parsed["one"].description == "Does one thing."
+    assert parsed["one"].text == "SELECT %(x)s"
+    assert parsed["one"].parameters == {"x"}
