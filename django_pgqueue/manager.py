@@ -468,29 +468,33 @@ class QueueStore:
         worker_id: str,
         queues: Sequence[str],
         *,
-        per_queue: int,
+        per_queue: int | Sequence[int],
         lease_seconds: float,
         bucket_masks: Sequence[str | None] | None = None,
         partition_scan_limit: int | None = None,
     ) -> list[ClaimedJob]:
-        """Lease up to ``per_queue`` ready jobs from each queue to ``worker_id``.
+        """Lease ready jobs from ``queues`` to ``worker_id``, up to a limit per queue.
 
-        ``bucket_masks`` (one per queue, 1024 ``0``/``1`` characters, None for all)
-        limits partitioned jobs to the worker's buckets. Takes row locks only for the
-        duration of the statement; never waits on a locked row (SKIP LOCKED).
+        ``per_queue`` is one limit for every queue or one per queue. ``bucket_masks``
+        (one per queue, 1024 ``0``/``1`` characters, None for all) limits partitioned jobs
+        to the worker's buckets. Takes row locks only for the duration of the statement;
+        never waits on a locked row (SKIP LOCKED).
         """
+        limits = [per_queue] * len(queues) if isinstance(per_queue, int) else list(per_queue)
+        if len(limits) != len(queues):
+            raise ValueError("per_queue needs one limit per queue")
         masks = list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
+        scan_limit = (
+            conf.PARTITION_SCAN_LIMIT if partition_scan_limit is None else partition_scan_limit
+        )
         result = self._run(
             "claim_batch",
             queues=list(queues),
             bucket_masks=masks,
-            per_queue=per_queue,
+            queue_limits=limits,
             worker_id=worker_id,
             lease_seconds=lease_seconds,
-            partition_scan_limit=max(
-                per_queue,
-                conf.PARTITION_SCAN_LIMIT if partition_scan_limit is None else partition_scan_limit,
-            ),
+            partition_scan_limit=max(scan_limit, *limits),
         )
         claimed = []
         loads = json.loads
@@ -729,8 +733,13 @@ class QueueStore:
         queues: Sequence[str],
         concurrency: int,
         metadata: Mapping[str, Any],
-    ) -> datetime:
-        """Add the worker to the registry (alive); return its start time (database clock)."""
+        timeout_seconds: float,
+    ) -> bool:
+        """Add the worker to the registry (alive); return False if a live worker has the id.
+
+        A row left by a dead worker, or one silent for longer than ``timeout_seconds``,
+        is taken over.
+        """
         rows = self._run(
             "register_worker",
             worker_id=worker_id,
@@ -739,9 +748,9 @@ class QueueStore:
             queues=json.dumps(list(queues)),
             concurrency=concurrency,
             metadata=json.dumps(dict(metadata)),
+            timeout_seconds=timeout_seconds,
         ).rows
-        started_at: datetime = rows[0][0]
-        return started_at
+        return bool(rows)
 
     def heartbeat_worker(
         self,

@@ -39,6 +39,14 @@ _PENDING = Q(status=JobStatus.PENDING)
 _PROCESSING = Q(status=JobStatus.PROCESSING)
 _PARTITIONED = Q(partition_key__isnull=False)
 _UNPARTITIONED = Q(partition_key__isnull=True)
+# Predicates are chosen so that each query can use exactly one of these indexes. The
+# worker's prepared statements run with generic plans, made once from the statistics of
+# the moment; an index that "also matches" (say, the partitioned claim index for the
+# head-of-partition probe) would be picked while a table is empty and then walk a deep
+# partition on every probe. pgq_job_claim_part therefore says "partition_bucket IS NOT
+# NULL" (same rows, by pgq_job_bucket_with_key), which the probes by partition_key do not
+# imply; pgq_job_lease and pgq_job_pending name the column they are searched by.
+_BUCKETED = Q(partition_bucket__isnull=False)
 
 # Bounds of the free-text columns, shared with enqueue-time validation.
 QUEUE_MAX_LENGTH = 100
@@ -126,7 +134,7 @@ class Job(models.Model):
             models.Index(
                 fields=["queue", "-priority", "available_at", "id"],
                 name="pgq_job_claim_part",
-                condition=_PENDING & _PARTITIONED,
+                condition=_PENDING & _BUCKETED,
             ),
             # claim_batch head check: "is there an older pending row in this partition?"
             models.Index(
@@ -144,13 +152,13 @@ class Job(models.Model):
             models.Index(
                 fields=["lease_expires_at"],
                 name="pgq_job_lease",
-                condition=_PROCESSING,
+                condition=_PROCESSING & Q(lease_expires_at__isnull=False),
             ),
             # queue_lag, scheduled listing and run_now: pending rows by availability.
             models.Index(
                 fields=["queue", "available_at"],
                 name="pgq_job_pending",
-                condition=_PENDING,
+                condition=_PENDING & Q(available_at__isnull=False),
             ),
             # prune_finished and finished-at filters in the admin.
             models.Index(

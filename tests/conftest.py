@@ -18,6 +18,7 @@ from psycopg.conninfo import make_conninfo
 from django_pgqueue.manager import PsycopgRunner, QueueStore
 from django_pgqueue.pgconn import connect
 from tests.database import with_dbname
+from tests.workers import WorkerProcess
 
 
 @pytest.fixture
@@ -61,3 +62,24 @@ def make_store(
 ) -> Callable[[], QueueStore]:
     """Return a factory of QueueStores, each on its own connection."""
     return lambda: QueueStore(PsycopgRunner(open_connection(), "default"))
+
+
+@pytest.fixture
+def workers(db_url: str) -> Iterator[Callable[..., WorkerProcess]]:
+    """Return a factory of worker subprocesses on the test database, stopped at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **kwargs: Any) -> WorkerProcess:
+        worker = WorkerProcess(db_url, *args, **kwargs)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def observer(open_connection: Callable[..., psycopg.Connection[Any]]) -> psycopg.Connection[Any]:
+    """Return an autocommit connection for the test's own reads and writes."""
+    return open_connection(prepare=False)

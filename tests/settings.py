@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json as _json
+import os as _os
+
 import django
 
 from tests.database import database_url, django_database
@@ -50,11 +53,7 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-DATABASES = {
-    "default": django_database(database_url()),
-    # Only for the system check that rejects non-PostgreSQL databases; never queried.
-    "not_postgres": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
-}
+DATABASES = {"default": django_database(database_url())}
 
 TASKS = {
     "default": {
@@ -66,9 +65,12 @@ TASKS = {
 PGQUEUE_RETRY_BASE_SECONDS = 0.05
 PGQUEUE_RETRY_MAX_SECONDS = 1.0
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_pgqueue": {"handlers": ["console"], "level": "WARNING"}},
+
+# Worker subprocesses of the tests take PGQUEUE_* overrides from their environment,
+# as JSON values (PGQUEUE_HOUSEKEEPING_INTERVAL_SECONDS=0.5, say).
+_env_overrides = {
+    key: _json.loads(value)
+    for key, value in _os.environ.items()
+    if key.startswith("PGQUEUE_") and key != "PGQUEUE_TEST_DBNAME"
 }
+globals().update(_env_overrides)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core import checks
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
@@ -23,7 +23,22 @@ def test_the_test_project_passes_all_checks(db):
     call_command("check", "--database", "default", "--fail-level", "WARNING")
 
 
-def test_e001_jobs_in_a_non_postgresql_database():
+@pytest.fixture
+def not_postgres():
+    """A SQLite alias, added for one test: only its vendor is looked at, never queried."""
+    extra = connections.configure_settings(
+        {
+            "default": dict(connections.settings["default"]),
+            "not_postgres": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+        }
+    )
+    connections.settings["not_postgres"] = extra["not_postgres"]
+    yield "not_postgres"
+    connections["not_postgres"].close()
+    del connections.settings["not_postgres"]
+
+
+def test_e001_jobs_in_a_non_postgresql_database(not_postgres):
     backend = PgQueueBackend("x", {"QUEUES": ["default"], "OPTIONS": {"DATABASE": "not_postgres"}})
     assert _ids(backend.check()) == ["django_pgqueue.E001"]
 

@@ -11,7 +11,7 @@
 
 
 -- name: claim_batch
--- Lease up to per_queue ready jobs from each queue to one worker, in claim order.
+-- Lease ready jobs to one worker, in claim order, up to a separate limit per queue.
 -- Each queue gets its own LIMIT, so a flood in one queue cannot starve the others.
 -- A partitioned job is claimable only if it is the oldest pending job of its partition
 -- and no job of its partition is processing; this is checked here, in the database, so
@@ -25,10 +25,12 @@
 -- checks pgq_job_part_pending and pgq_job_part_processing.
 WITH wanted AS (
     SELECT *
-    FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[]) AS wanted (queue, bucket_mask)
+    FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
+        AS wanted (queue, bucket_mask, queue_limit)
 ),
 unpartitioned AS (
-    SELECT wanted.queue, candidate.id, candidate.priority, candidate.available_at
+    SELECT wanted.queue, wanted.queue_limit, candidate.id, candidate.priority,
+        candidate.available_at
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT job.id, job.priority, job.available_at
@@ -38,12 +40,13 @@ unpartitioned AS (
           AND job.queue = wanted.queue
           AND job.available_at <= now()
         ORDER BY job.priority DESC, job.available_at, job.id
-        LIMIT %(per_queue)s
+        LIMIT wanted.queue_limit
         FOR UPDATE OF job SKIP LOCKED
     ) AS candidate
 ),
 partition_heads AS (
-    SELECT wanted.queue, candidate.id, candidate.priority, candidate.available_at
+    SELECT wanted.queue, wanted.queue_limit, candidate.id, candidate.priority,
+        candidate.available_at
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT job.id, job.priority, job.available_at
@@ -56,7 +59,7 @@ partition_heads AS (
                 SELECT window_job.id
                 FROM django_pgqueue_job AS window_job
                 WHERE window_job.status = 'pending'
-                  AND window_job.partition_key IS NOT NULL
+                  AND window_job.partition_bucket IS NOT NULL
                   AND window_job.queue = wanted.queue
                   AND window_job.available_at <= now()
                   AND (
@@ -84,16 +87,16 @@ partition_heads AS (
               LIMIT 1
           ) IS NULL
         ORDER BY job.priority DESC, job.available_at, job.id
-        LIMIT %(per_queue)s
+        LIMIT wanted.queue_limit
         FOR UPDATE OF job SKIP LOCKED
     ) AS candidate
 ),
 picked AS (
-    -- Both branches may lock per_queue rows of a queue; keep the best per_queue. The
-    -- others stay locked only until this statement's transaction ends.
+    -- Both branches may lock queue_limit rows of a queue; keep the best queue_limit.
+    -- The others stay locked only until this statement's transaction ends.
     SELECT ranked.id
     FROM (
-        SELECT candidates.id,
+        SELECT candidates.id, candidates.queue_limit,
             row_number() OVER (
                 PARTITION BY candidates.queue
                 ORDER BY candidates.priority DESC, candidates.available_at, candidates.id
@@ -104,7 +107,7 @@ picked AS (
             SELECT * FROM partition_heads
         ) AS candidates
     ) AS ranked
-    WHERE ranked.rank <= %(per_queue)s
+    WHERE ranked.rank <= ranked.queue_limit
 )
 UPDATE django_pgqueue_job AS job
 SET status = 'processing',
@@ -114,8 +117,9 @@ SET status = 'processing',
     claimed_at = now(),
     started_at = COALESCE(job.started_at, now()),
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM picked
-WHERE job.id = picked.id
+-- = ANY(ARRAY(...)) rather than a join: a prepared statement's generic plan cannot know
+-- how few ids come back, and would hash-join against a scan of the whole table.
+WHERE job.id = ANY (ARRAY(SELECT picked.id FROM picked))
 RETURNING
     job.id, job.queue, job.task_path, job.args, job.kwargs, job.priority, job.attempts,
     job.max_attempts, job.lease_generation, job.step, job.partition_key,

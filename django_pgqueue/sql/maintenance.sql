@@ -50,8 +50,7 @@ SET status = CASE WHEN job.attempts >= job.max_attempts THEN 'dead_letter' ELSE 
         'worker', job.claimed_by,
         'at', now()
     ))
-FROM expired
-WHERE job.id = expired.id
+WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
   AND job.status = 'processing'
   AND job.lease_expires_at < now()
 RETURNING job.id, job.status, job.queue
@@ -70,8 +69,7 @@ WITH doomed AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM django_pgqueue_job AS job
-USING doomed
-WHERE job.id = doomed.id
+WHERE job.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
 
 
 -- name: prune_dead_letters
@@ -87,13 +85,13 @@ WITH doomed AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM django_pgqueue_job AS job
-USING doomed
-WHERE job.id = doomed.id
+WHERE job.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
 
 
 -- name: register_worker
--- Add a worker to the registry (or revive its row) and return the database time.
-INSERT INTO django_pgqueue_worker (
+-- Add a worker to the registry, or take over the row of a dead or silent worker with the
+-- same id. Returns nothing if a live worker holds the id.
+INSERT INTO django_pgqueue_worker AS worker (
     id, status, hostname, pid, queues, concurrency, started_at, last_seen_at, metadata
 )
 VALUES (
@@ -102,8 +100,15 @@ VALUES (
 )
 ON CONFLICT (id) DO UPDATE
 SET status = 'alive',
+    hostname = EXCLUDED.hostname,
+    pid = EXCLUDED.pid,
+    queues = EXCLUDED.queues,
+    concurrency = EXCLUDED.concurrency,
+    started_at = now(),
     last_seen_at = now(),
     metadata = EXCLUDED.metadata
+WHERE worker.status = 'dead'
+   OR worker.last_seen_at < now() - make_interval(secs => %(timeout_seconds)s)
 RETURNING started_at
 
 

@@ -4,7 +4,8 @@
 -- moment (claiming, completing) is skipped and reported back as such, never waited on,
 -- so an admin action cannot block on a busy queue or fail with a lock error. A running
 -- job is never changed here; the state machine keeps operators to pending and terminal
--- rows.
+-- rows. Rows are found by primary key; "= ANY (ARRAY(...))" keeps that true in the
+-- generic plans of prepared statements.
 
 
 -- name: retry_jobs
@@ -28,8 +29,7 @@ retried AS (
         claimed_at = NULL,
         lease_expires_at = NULL,
         result = NULL
-    FROM target
-    WHERE job.id = target.id
+    WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status IN ('dead_letter', 'cancelled')
     RETURNING job.id, job.queue
 ),
@@ -43,7 +43,6 @@ FROM retried
 
 -- name: run_jobs_now
 -- Make scheduled or backing-off pending jobs ready now.
--- Uses pgq_job_pending through the id lookup's primary key.
 WITH target AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
@@ -56,8 +55,7 @@ WITH target AS (
 readied AS (
     UPDATE django_pgqueue_job AS job
     SET available_at = now()
-    FROM target
-    WHERE job.id = target.id
+    WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'pending'
     RETURNING job.id, job.queue
 ),
@@ -83,8 +81,7 @@ UPDATE django_pgqueue_job AS job
 SET status = 'cancelled',
     finished_at = now(),
     last_error = COALESCE(%(reason)s, job.last_error)
-FROM target
-WHERE job.id = target.id
+WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
   AND job.status = 'pending'
 RETURNING job.id
 
@@ -100,6 +97,5 @@ WITH target AS (
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM django_pgqueue_job AS job
-USING target
-WHERE job.id = target.id
+WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
 RETURNING job.id

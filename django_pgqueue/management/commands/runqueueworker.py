@@ -1,0 +1,108 @@
+"""``manage.py runqueueworker``: a thin shell over :class:`django_pgqueue.worker.Worker`."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...exceptions import ConfigurationError
+from ...worker import Worker, WorkerOptions
+from ...worker.supervisor import Supervisor
+
+_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a django-pgqueue worker: claim jobs from PostgreSQL, run them, record their "
+        "outcomes. SIGTERM or Ctrl-C drains it; a second one stops it at once."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        """Declare the options; unset ones come from settings."""
+        parser.add_argument(
+            "--queue",
+            action="append",
+            dest="queues",
+            metavar="NAME",
+            help="Queue to serve (repeatable). Default: all QUEUES of the backend.",
+        )
+        parser.add_argument("--concurrency", type=int, help="Jobs run at once per process.")
+        parser.add_argument(
+            "--prefetch", type=int, help="Extra jobs held beyond free slots (default 0)."
+        )
+        parser.add_argument("--batch-size", type=int, help="Most jobs claimed per round trip.")
+        parser.add_argument(
+            "--processes", type=int, default=1, help="Worker processes to run (default 1)."
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="Exit 0 once no job is ready to run."
+        )
+        parser.add_argument("--max-jobs", type=int, help="Exit 0 after this many jobs.")
+        parser.add_argument("--worker-id", help="Registry id (default: host:pid:random).")
+        parser.add_argument("--lease-seconds", type=float, help="Lease length in seconds.")
+        parser.add_argument(
+            "--poll-interval", type=float, help="Fallback poll interval in seconds."
+        )
+        parser.add_argument(
+            "--grace-seconds", type=float, help="Time running jobs get to finish on shutdown."
+        )
+        parser.add_argument(
+            "--backend", default="default", help="TASKS alias to serve (default: 'default')."
+        )
+        parser.add_argument(
+            "--no-housekeeping",
+            action="store_true",
+            help="Never run housekeeping (reaping, pruning) in this worker.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Validate everything, then run the worker (or the supervisor) until it exits."""
+        self._configure_logging(options["verbosity"])
+        processes = options["processes"]
+        if processes < 1:
+            raise CommandError("--processes must be at least 1", returncode=2)
+        if processes > 1 and options["worker_id"]:
+            raise CommandError("--worker-id cannot be combined with --processes", returncode=2)
+        try:
+            worker_options = WorkerOptions.from_settings(
+                backend=options["backend"],
+                queues=tuple(options["queues"]) if options["queues"] else None,
+                concurrency=options["concurrency"],
+                prefetch=options["prefetch"],
+                batch_size=options["batch_size"],
+                burst=options["burst"],
+                max_jobs=options["max_jobs"],
+                worker_id=options["worker_id"],
+                lease_seconds=options["lease_seconds"],
+                poll_interval=options["poll_interval"],
+                grace_seconds=options["grace_seconds"],
+                housekeeping=False if options["no_housekeeping"] else None,
+            )
+        except ConfigurationError as error:
+            raise CommandError(str(error), returncode=2) from error
+        try:
+            if processes > 1:
+                code = Supervisor(worker_options, processes).run()
+            else:
+                code = Worker(worker_options).run()
+        except ConfigurationError as error:
+            raise CommandError(str(error), returncode=2) from error
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        package_logger = logging.getLogger("django_pgqueue")
+        if package_logger.handlers:
+            return  # configured in LOGGING: leave it to the project
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s")
+        )
+        package_logger.addHandler(handler)
+        package_logger.setLevel(_LEVELS.get(verbosity, logging.DEBUG))
+        package_logger.propagate = False

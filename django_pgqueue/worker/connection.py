@@ -1,0 +1,79 @@
+"""A lazily (re)opened dedicated connection, shared safely between threads."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import psycopg
+from django.db import utils as django_db_utils
+
+from ..manager import PsycopgRunner, QueueStore
+from ..pgconn import connect
+
+__all__ = ["CONNECTION_ERRORS", "ConnectionSlot"]
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+T = TypeVar("T")
+
+#: Errors that mean "the connection is gone or unusable": server restart or crash,
+#: pg_terminate_backend, network loss. Anything else is a bug or a data problem.
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    django_db_utils.OperationalError,
+    django_db_utils.InterfaceError,
+)
+
+
+class ConnectionSlot:
+    """One dedicated autocommit connection of a worker, reopened after it breaks."""
+
+    def __init__(self, alias: str, name: str) -> None:
+        self.alias = alias
+        self.name = name
+        self._connection: psycopg.Connection[Any] | None = None
+        self._store: QueueStore | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def store(self) -> QueueStore:
+        """Return a store on the connection, opening it first if needed."""
+        with self._lock:
+            if self._store is None or self._connection is None or self._connection.closed:
+                self._connection = connect(self.alias, application_name=self.name)
+                self._store = QueueStore(PsycopgRunner(self._connection, self.alias))
+            return self._store
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """Return the open connection (opening it first if needed)."""
+        with self._lock:
+            self.store  # noqa: B018 - opens the connection
+            assert self._connection is not None
+            return self._connection
+
+    def run(self, operation: Callable[[QueueStore], T]) -> T:
+        """Run ``operation`` with the store; on a connection error, reset and re-raise."""
+        with self._lock:
+            store = self.store
+            try:
+                return operation(store)
+            except CONNECTION_ERRORS:
+                self.reset()
+                raise
+
+    def reset(self) -> None:
+        """Close the connection; the next use opens a new one."""
+        with self._lock:
+            connection, self._connection, self._store = self._connection, None, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                logger.debug("closing broken connection %s failed", self.name, exc_info=True)
+
+    close = reset

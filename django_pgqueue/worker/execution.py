@@ -1,0 +1,359 @@
+"""Running one claimed job: resolve its task, bind its arguments, call it, report.
+
+Nothing here touches the queue's own connections: the outcome goes back to the
+dispatcher, which records it with a fenced write. The exception is an ``atomic=True``
+task, whose completion is written inside the handler's own transaction so both commit or
+roll back together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import close_old_connections, transaction
+from django.utils import timezone
+
+from ..backend import PgQueueBackend, PgQueueTask, resolve_task
+from ..compat import Task, TaskError, TaskResult, TaskResultStatus, task_finished, task_started
+from ..context import JobContext
+from ..exceptions import (
+    InvalidArguments,
+    JobTimeout,
+    LeaseLost,
+    PermanentError,
+    UnknownTask,
+)
+from ..manager import ClaimedJob, DjangoRunner, Failure, QueueStore
+from ..payload import encode_result
+
+__all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+_MAX_MESSAGE = 10_000
+_MAX_TRACEBACK = 50_000
+# How long an import failure is remembered before the import is tried again.
+_UNKNOWN_TASK_RETRY_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class TaskEntry:
+    """A task this process can run, with what the runner needs precomputed."""
+
+    task: Task  # type: ignore[type-arg]
+    func: Callable[..., Any]
+    signature: inspect.Signature
+    is_async: bool
+    takes_context: bool
+    atomic: bool
+    timeout: float | None
+
+
+class TaskResolver:
+    """Import task paths once and remember the result (failures for a few seconds)."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, TaskEntry] = {}
+        self._unknown: dict[str, tuple[float, UnknownTask]] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, task_path: str) -> TaskEntry:
+        """Return the entry for ``task_path``; raise :class:`UnknownTask` if unimportable."""
+        entry = self._known.get(task_path)
+        if entry is not None:
+            return entry
+        with self._lock:
+            failed = self._unknown.get(task_path)
+            if failed is not None and time.monotonic() - failed[0] < _UNKNOWN_TASK_RETRY_SECONDS:
+                raise failed[1]
+            try:
+                task = resolve_task(task_path)
+            except UnknownTask as error:
+                self._unknown[task_path] = (time.monotonic(), error)
+                raise
+            func = task.func
+            options = task if isinstance(task, PgQueueTask) else None
+            entry = TaskEntry(
+                task=task,
+                func=func,
+                signature=inspect.signature(func),
+                is_async=inspect.iscoroutinefunction(func),
+                takes_context=task.takes_context,
+                atomic=bool(options and options.atomic),
+                timeout=options.timeout if options else None,
+            )
+            self._known[task_path] = entry
+            self._unknown.pop(task_path, None)
+            return entry
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """A job this worker holds a lease on, from claim until its outcome is recorded."""
+
+    job: ClaimedJob
+    entry: TaskEntry | None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    claimed_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    deadline: float | None = None
+    #: The worker gave up on the job (lease lost, timed out, released at shutdown):
+    #: whatever its handler returns later is dropped, never written.
+    abandoned: bool = False
+    #: Its handler is still running (or queued to run) in this process.
+    busy: bool = True
+
+
+class OutcomeKind(enum.Enum):
+    """What to record for a finished attempt."""
+
+    SUCCEEDED = "succeeded"  # complete it (batched)
+    FAILED = "failed"  # fail it: retry later or dead-letter
+    RELEASE = "release"  # give it back without using an attempt
+    COMMITTED = "committed"  # an atomic task already completed it in its transaction
+    LOST = "lost"  # the lease was gone: nothing to record
+
+
+@dataclass(slots=True)
+class Outcome:
+    """The result of one attempt, on its way to the database."""
+
+    flight: InFlight
+    kind: OutcomeKind
+    result_json: str = "null"
+    failure: Failure | None = None
+    delay: float = 0.0
+    reason: str | None = None
+    duration: float = 0.0
+    #: Set once the outcome is recorded, so a retry after a connection loss skips it.
+    written: bool = False
+
+
+def failure_from(error: BaseException, *, permanent: bool = False) -> Failure:
+    """Describe ``error`` for the job's history."""
+    kind = type(error)
+    message = str(error) or repr(error)
+    text = "".join(traceback.format_exception(error))
+    return Failure(
+        exception_class=f"{kind.__module__}.{kind.__qualname__}",
+        message=message[:_MAX_MESSAGE],
+        traceback=text[-_MAX_TRACEBACK:],
+        permanent=permanent or isinstance(error, PermanentError | InvalidArguments),
+    )
+
+
+class JobRunner:
+    """Runs jobs in the calling thread (sync tasks) or on an event loop (async tasks)."""
+
+    def __init__(
+        self,
+        *,
+        backend_alias: str,
+        database: str,
+        worker_id: str,
+        record_step: Callable[[ClaimedJob, str | None], None],
+    ) -> None:
+        self.backend_alias = backend_alias
+        self.database = database
+        self.worker_id = worker_id
+        self._record_step = record_step
+
+    # ------------------------------------------------------------------ shared parts
+    def _task_result(self, flight: InFlight) -> TaskResult:  # type: ignore[type-arg]
+        job = flight.job
+        assert flight.entry is not None
+        return TaskResult(
+            task=flight.entry.task,
+            id=str(job.id),
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=job.created_at,
+            started_at=job.claimed_at,
+            finished_at=None,
+            last_attempted_at=job.claimed_at,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=self.backend_alias,
+            errors=[],
+            worker_ids=[*job.prior_workers, self.worker_id],
+        )
+
+    def _call_arguments(
+        self,
+        flight: InFlight,
+        task_result: TaskResult,  # type: ignore[type-arg]
+        record_step: Callable[[str | None], None],
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """Return the call's arguments; raise a permanent failure if they do not bind."""
+        job = flight.job
+        entry = flight.entry
+        assert entry is not None
+        args = list(job.args)
+        if entry.takes_context:
+            context = JobContext(
+                task_result=task_result,
+                job_id=job.id,
+                attempts=job.attempts,
+                lease_generation=job.lease_generation,
+                worker_id=self.worker_id,
+                initial_step=job.step,
+                _cancel_event=flight.cancel,
+                _record_step=record_step,
+            )
+            args.insert(0, context)
+        try:
+            entry.signature.bind(*args, **job.kwargs)
+        except TypeError as error:
+            raise PermanentError(
+                f"arguments do not match {job.task_path}{entry.signature}: {error}"
+            ) from error
+        return args, job.kwargs
+
+    def _finish_signal(
+        self,
+        task_result: TaskResult,  # type: ignore[type-arg]
+        status: TaskResultStatus,
+        *,
+        value: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        object.__setattr__(task_result, "status", status)
+        object.__setattr__(task_result, "finished_at", timezone.now())
+        if error is not None:
+            kind = type(error)
+            task_result.errors.append(
+                TaskError(
+                    exception_class_path=f"{kind.__module__}.{kind.__qualname__}",
+                    traceback="".join(traceback.format_exception(error)),
+                )
+            )
+        else:
+            object.__setattr__(task_result, "_return_value", value)
+        for receiver, response in task_finished.send_robust(
+            PgQueueBackend, task_result=task_result
+        ):
+            if isinstance(response, Exception):
+                logger.error("task_finished receiver %r raised", receiver, exc_info=response)
+
+    # ------------------------------------------------------------------ sync tasks
+    def run_sync(self, flight: InFlight) -> Outcome:
+        """Run a sync task in this thread and return its outcome."""
+        entry = flight.entry
+        assert entry is not None
+        job = flight.job
+        flight.started_at = started = time.monotonic()
+        if entry.timeout is not None:
+            flight.deadline = started + entry.timeout
+        close_old_connections()
+        task_result = self._task_result(flight)
+        try:
+            if entry.atomic:
+                return self._run_atomic(flight, task_result, started)
+            try:
+                args, kwargs = self._call_arguments(
+                    flight, task_result, lambda step: self._record_step(job, step)
+                )
+                task_started.send(PgQueueBackend, task_result=task_result)
+                value = entry.func(*args, **kwargs)
+                result_json = encode_result(value)
+            except Exception as error:
+                self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
+                return Outcome(
+                    flight,
+                    OutcomeKind.FAILED,
+                    failure=failure_from(error),
+                    duration=time.monotonic() - started,
+                )
+            self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
+            return Outcome(
+                flight, OutcomeKind.SUCCEEDED, result_json, duration=time.monotonic() - started
+            )
+        finally:
+            close_old_connections()
+
+    def _run_atomic(
+        self,
+        flight: InFlight,
+        task_result: TaskResult,  # type: ignore[type-arg]
+        started: float,
+    ) -> Outcome:
+        # The handler's writes and the fenced completion share one transaction on this
+        # thread's Django connection: if the lease was lost, both roll back.
+        entry = flight.entry
+        assert entry is not None
+        job = flight.job
+        store = QueueStore(DjangoRunner(self.database))
+        try:
+            with transaction.atomic(using=self.database):
+                args, kwargs = self._call_arguments(
+                    flight, task_result, lambda step: store.set_step_if_leased(job.lease, step)
+                )
+                task_started.send(PgQueueBackend, task_result=task_result)
+                value = entry.func(*args, **kwargs)
+                result_json = encode_result(value)
+                store.complete_if_leased(job.lease, result_json)
+        except LeaseLost as error:
+            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
+            return Outcome(flight, OutcomeKind.LOST, duration=time.monotonic() - started)
+        except Exception as error:
+            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
+            return Outcome(
+                flight,
+                OutcomeKind.FAILED,
+                failure=failure_from(error),
+                duration=time.monotonic() - started,
+            )
+        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
+        return Outcome(
+            flight, OutcomeKind.COMMITTED, result_json, duration=time.monotonic() - started
+        )
+
+    # ------------------------------------------------------------------ async tasks
+    async def run_async(self, flight: InFlight) -> Outcome:
+        """Run a coroutine task on the current event loop and return its outcome."""
+        entry = flight.entry
+        assert entry is not None
+        job = flight.job
+        flight.started_at = started = time.monotonic()
+        task_result = self._task_result(flight)
+
+        def record_step(step: str | None) -> None:
+            self._record_step(job, step)
+
+        try:
+            args, kwargs = self._call_arguments(flight, task_result, record_step)
+            task_started.send(PgQueueBackend, task_result=task_result)
+            coroutine = entry.func(*args, **kwargs)
+            if entry.timeout is not None:
+                flight.deadline = started + entry.timeout
+                try:
+                    value = await asyncio.wait_for(coroutine, entry.timeout)
+                except TimeoutError as error:
+                    raise JobTimeout(
+                        f"{job.task_path} ran longer than its timeout of {entry.timeout}s"
+                    ) from error
+            else:
+                value = await coroutine
+            result_json = encode_result(value)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
+            return Outcome(
+                flight,
+                OutcomeKind.FAILED,
+                failure=failure_from(error),
+                duration=time.monotonic() - started,
+            )
+        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
+        return Outcome(
+            flight, OutcomeKind.SUCCEEDED, result_json, duration=time.monotonic() - started
+        )

@@ -1,0 +1,146 @@
+"""Where handlers run: a fixed pool of threads for sync tasks, an event loop for async ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from queue import SimpleQueue
+from typing import Any
+
+from django.db import connections
+
+from .execution import InFlight, Outcome, OutcomeKind, failure_from
+
+__all__ = ["AsyncRunner", "ThreadPool"]
+
+logger = logging.getLogger("django_pgqueue.worker")
+
+Sink = Callable[[Outcome], None]
+
+
+class ThreadPool:
+    """``size`` threads taking jobs from one queue; each outcome goes to ``sink``.
+
+    A job abandoned while it waited (its lease was released at shutdown or lost) is
+    skipped without running. Threads are daemons: a handler stuck past the grace period
+    does not keep the process alive.
+    """
+
+    def __init__(self, size: int, run: Callable[[InFlight], Outcome], sink: Sink) -> None:
+        self._run = run
+        self._sink = sink
+        self._queue: SimpleQueue[InFlight | None] = SimpleQueue()
+        self._threads = [
+            threading.Thread(target=self._work, name=f"pgqueue-job-{index}", daemon=True)
+            for index in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, flight: InFlight) -> None:
+        """Queue ``flight`` for the next free thread."""
+        self._queue.put(flight)
+
+    def shutdown(self) -> None:
+        """Ask every thread to exit once its current job is done (does not wait)."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the threads to exit."""
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _work(self) -> None:
+        try:
+            while (flight := self._queue.get()) is not None:
+                if flight.abandoned:
+                    self._sink(Outcome(flight, OutcomeKind.LOST))
+                    continue
+                try:
+                    outcome = self._run(flight)
+                except BaseException as error:
+                    logger.exception("job %s: the runner itself failed", flight.job.id)
+                    outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
+                self._sink(outcome)
+        finally:
+            connections.close_all()
+
+
+class AsyncRunner:
+    """An event loop in its own thread, started on first use, running coroutine tasks."""
+
+    def __init__(self, run: Callable[[InFlight], Coroutine[Any, Any, Outcome]], sink: Sink) -> None:
+        self._run = run
+        self._sink = sink
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._lock = threading.Lock()
+
+    def submit(self, flight: InFlight) -> None:
+        """Start ``flight``'s coroutine on the loop."""
+        loop = self._ensure_loop()
+        loop.call_soon_threadsafe(self._start, flight)
+
+    def cancel(self, flight: InFlight) -> None:
+        """Cancel ``flight``'s coroutine if it is running."""
+        if self._loop is None:
+            return
+        self._loop.call_soon_threadsafe(self._cancel, flight.job.id)
+
+    def shutdown(self) -> None:
+        """Stop the loop (running coroutines are cancelled)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(2)
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                ready = threading.Event()
+
+                def serve() -> None:
+                    loop = asyncio.new_event_loop()
+                    asyncio.set_event_loop(loop)
+                    self._loop = loop
+                    ready.set()
+                    try:
+                        loop.run_forever()
+                    finally:
+                        for task in asyncio.all_tasks(loop):
+                            task.cancel()
+                        loop.close()
+                        connections.close_all()
+
+                self._thread = threading.Thread(target=serve, name="pgqueue-async", daemon=True)
+                self._thread.start()
+                ready.wait()
+            assert self._loop is not None
+            return self._loop
+
+    def _start(self, flight: InFlight) -> None:
+        self._tasks[flight.job.id] = asyncio.ensure_future(self._guarded(flight))
+
+    def _cancel(self, job_id: int) -> None:
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+
+    async def _guarded(self, flight: InFlight) -> None:
+        try:
+            if flight.abandoned:
+                outcome = Outcome(flight, OutcomeKind.LOST)
+            else:
+                outcome = await self._run(flight)
+        except asyncio.CancelledError:
+            outcome = Outcome(flight, OutcomeKind.LOST)
+        except BaseException as error:
+            logger.exception("job %s: the async runner itself failed", flight.job.id)
+            outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
+        finally:
+            self._tasks.pop(flight.job.id, None)
+        self._sink(outcome)

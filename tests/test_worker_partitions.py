@@ -1,0 +1,55 @@
+"""Per-partition order across several worker processes."""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import pytest
+
+from django_pgqueue.manager import JobSpec
+from django_pgqueue.models import Job
+from django_pgqueue.states import JobStatus
+from tests import ledger
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_ten_keys_of_a_hundred_jobs_keep_order_across_four_workers(workers, observer):
+    keys = [f"customer:{index}" for index in range(10)]
+    specs = [
+        JobSpec(
+            "tests.tasks.ledger_sequence",
+            kwargs={"key": key, "sequence": sequence},
+            partition_key=key,
+        )
+        for sequence in range(100)
+        for key in keys
+    ]
+    Job.objects.enqueue_many(specs)
+    for _ in range(4):
+        workers(
+            "--concurrency", "4", "--poll-interval", "0.05", settings={"HEARTBEAT_SECONDS": 0.5}
+        )
+    wait_for(
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 1000,
+        timeout=240,
+        interval=0.5,
+    )
+    runs: dict[str, list[tuple[int, object, object]]] = defaultdict(list)
+    starts = {}
+    pids = set()
+    for entry in ledger.entries(observer):
+        key, sequence = entry["label"].rsplit(":", 1)
+        if entry["event"] == "start":
+            starts[entry["job_id"]] = entry["at"]
+            pids.add(entry["worker_pid"])
+        else:
+            runs[key].append((int(sequence), starts[entry["job_id"]], entry["at"]))
+    assert len(pids) > 1, "the work should be spread over several workers"
+    for key in keys:
+        ordered = sorted(runs[key], key=lambda run: run[1])
+        assert [sequence for sequence, _, _ in ordered] == list(range(100)), key
+        for (_, _, previous_end), (sequence, start, _) in itertools.pairwise(ordered):
+            assert start >= previous_end, f"{key}: job {sequence} overlapped its predecessor"
