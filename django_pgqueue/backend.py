@@ -14,6 +14,7 @@ Configure it in ``TASKS``::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -316,6 +317,9 @@ def _validate_options(task: PgQueueTask) -> None:
         raise InvalidOption("timeout", f"{task.timeout!r} is not a positive number of seconds")
     if not isinstance(task.atomic, bool):
         raise InvalidOption("atomic", f"must be True or False, not {task.atomic!r}")
+    if task.atomic and inspect.iscoroutinefunction(task.func):
+        # Django's transaction.atomic() cannot span an await.
+        raise InvalidOption("atomic", "async tasks cannot be atomic")
     check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
     check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
 

@@ -157,3 +157,11 @@ def test_bad_task_options_raise_at_using_time(options, option):
     with pytest.raises(InvalidOption) as caught:
         tasks.noop.using(**options)
     assert caught.value.option == option
+
+
+def test_async_tasks_cannot_be_atomic():
+    with pytest.raises(InvalidOption) as caught:
+        tasks.async_add.using(max_attempts=2).__class__(
+            func=tasks.async_add.func, atomic=True, queue_name="default"
+        )
+    assert caught.value.option == "atomic"
