@@ -14,6 +14,7 @@ __all__ = [
     "DEFAULT_TASK_BACKEND_ALIAS",
     "DEFAULT_TASK_PRIORITY",
     "DEFAULT_TASK_QUEUE_NAME",
+    "TASKS_LOGGER_NAME",
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "BaseTaskBackend",
@@ -33,6 +34,8 @@ __all__ = [
 
 #: True when Django itself provides ``django.tasks`` (6.0 and later).
 NATIVE_TASKS = django.VERSION >= (6, 0)
+#: The logger Django's own task signal receivers write to.
+TASKS_LOGGER_NAME = "django.tasks" if NATIVE_TASKS else "django_tasks"
 
 if NATIVE_TASKS:
     from django.tasks import (

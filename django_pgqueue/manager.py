@@ -564,16 +564,23 @@ class QueueStore:
     def complete_many_if_leased(
         self, worker_id: str, completions: Sequence[tuple[Lease, str]]
     ) -> set[int]:
-        """Mark many jobs succeeded; return the ids whose lease was still held."""
+        """Mark many jobs succeeded; return the ids whose lease was still held.
+
+        Each result must already be JSON text (see :func:`payload.encode_result`).
+        """
         if not completions:
             return set()
-        rows = self._run(
-            "complete_many_if_leased",
-            worker_id=worker_id,
-            job_ids=[lease.job_id for lease, _ in completions],
-            lease_generations=[lease.lease_generation for lease, _ in completions],
-            results=[result for _, result in completions],
-        ).rows
+        # One JSON document for the whole batch: the results are JSON already, so the
+        # document is built by joining strings, and the server parses it in C.
+        document = (
+            "["
+            + ",".join(
+                f"[{lease.job_id},{lease.lease_generation},{result}]"
+                for lease, result in completions
+            )
+            + "]"
+        )
+        rows = self._run("complete_many_if_leased", worker_id=worker_id, completions=document).rows
         return {row[0] for row in rows}
 
     def fail_if_leased(
@@ -627,8 +634,7 @@ class QueueStore:
         rows = self._run(
             "extend_leases_if_leased",
             worker_id=worker_id,
-            job_ids=[lease.job_id for lease in leases],
-            lease_generations=[lease.lease_generation for lease in leases],
+            leases=_leases_document(leases),
             lease_seconds=lease_seconds,
         ).rows
         return {row[0] for row in rows}
@@ -664,8 +670,7 @@ class QueueStore:
         rows = self._run(
             "release_many_if_leased",
             worker_id=worker_id,
-            job_ids=[lease.job_id for lease in leases],
-            lease_generations=[lease.lease_generation for lease in leases],
+            leases=_leases_document(leases),
             reason=reason,
             channel=conf.NOTIFY_CHANNEL,
         ).rows
@@ -845,6 +850,10 @@ class QueueStore:
             chunk = ids[start : start + OPERATOR_CHUNK]
             done.extend(row[0] for row in self._run(name, job_ids=chunk, **params).rows)
         return _operator_result(ids, done)
+
+
+def _leases_document(leases: Sequence[Lease]) -> str:
+    return "[" + ",".join(f"[{lease.job_id},{lease.lease_generation}]" for lease in leases) + "]"
 
 
 def _unique_ids(job_ids: Iterable[int]) -> list[int]:

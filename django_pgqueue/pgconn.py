@@ -12,8 +12,16 @@ from typing import Any
 
 import psycopg
 from django.db import connections
+from psycopg.adapt import AdaptersMap
+from psycopg.types.string import TextLoader
 
 __all__ = ["connect"]
+
+# jsonb arrives as text, as on Django's connections (our code decodes it where needed);
+# timestamps use psycopg's own C loader rather than Django's Python wrapper around it,
+# with the session in UTC, so they arrive as aware UTC datetimes all the same.
+_ADAPTERS = AdaptersMap(psycopg.adapters)
+_ADAPTERS.register_loader("jsonb", TextLoader)
 
 # Statements run this many times on a connection are prepared server-side. Django turns
 # this off by default (for PgBouncer); an explicit OPTIONS["prepare_threshold"] wins here too.
@@ -29,13 +37,14 @@ def connect(
 ) -> psycopg.Connection[Any]:
     """Open an autocommit connection to the database of Django alias ``alias``.
 
-    It uses Django's parameters (host, credentials, OPTIONS) and adapters (jsonb arrives
-    as text, timestamps in Django's time zone), but binds parameters server-side. TCP
+    It uses Django's parameters (host, credentials, OPTIONS), binds parameters
+    server-side, and returns jsonb as text and timestamps as aware UTC datetimes. TCP
     keepalives are on, so a dead peer is noticed even on an idle LISTEN connection.
     """
     wrapper = connections[alias]
     params: dict[str, Any] = wrapper.get_connection_params()
     params.pop("cursor_factory", None)
+    params["context"] = _ADAPTERS
     options = wrapper.settings_dict.get("OPTIONS", {})
     if "prepare_threshold" not in options:
         params["prepare_threshold"] = DEFAULT_PREPARE_THRESHOLD if prepare else None
@@ -51,10 +60,12 @@ def connect(
         params["application_name"] = application_name[:63]
     params["autocommit"] = True
     connection = psycopg.Connection.connect(**params)
+    session = "SET TIME ZONE 'UTC'"
     if connection.prepare_threshold is not None:
         # Our statements have generic plans that are safe whatever the statistics (see
         # tests/test_indexes.py); using them always saves the planning (about a
         # millisecond for a claim) on every execution. Without prepared statements (for
-        # PgBouncer in transaction mode) nothing is cached and no session state is set.
-        connection.execute("SET plan_cache_mode = force_generic_plan")
+        # PgBouncer in transaction mode) nothing is cached.
+        session += "; SET plan_cache_mode = force_generic_plan"
+    connection.execute(session)
     return connection

@@ -58,7 +58,7 @@ FROM generate_series(1, 200) AS g
 
 _RETRY = {"retry_base": 1.0, "retry_max": 60.0, "retry_jitter": 0.1}
 _LEASE = {"job_id": 1, "lease_generation": 1, "worker_id": "w"}
-_MANY = {"job_ids": [1, 2, 3], "lease_generations": [1, 1, 1], "worker_id": "w"}
+_MANY = {"leases": "[[1, 1], [2, 1], [3, 1]]", "worker_id": "w"}
 
 #: Parameters for every statement that touches the job table.
 PARAMS: dict[str, dict[str, Any]] = {
@@ -74,7 +74,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "prune_finished": {"retention_seconds": 3600.0, "limit": 1000},
     "prune_dead_letters": {"retention_seconds": 3600.0, "limit": 1000},
     "complete_if_leased": {**_LEASE, "result": "null"},
-    "complete_many_if_leased": {**_MANY, "results": ["null"] * 3},
+    "complete_many_if_leased": {"completions": "[[1, 1, null], [2, 1, 3]]", "worker_id": "w"},
     "fail_if_leased": {
         **_LEASE,
         **_RETRY,

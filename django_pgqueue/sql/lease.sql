@@ -143,22 +143,24 @@ RETURNING id, finished_at
 
 -- name: complete_many_if_leased
 -- Mark many leased jobs succeeded, each checked against its own lease generation.
--- Returns the ids that were still leased; the others were lost and are left untouched.
+-- completions is one JSON document, [[job id, lease generation, result], ...]: cheaper to
+-- send than three arrays. Returns the ids that were still leased; the others were lost
+-- and are left untouched.
 WITH done AS (
-    SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_generations)s::bigint[], %(results)s::text[])
-        AS done (id, lease_generation, result)
+    SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation,
+        item -> 2 AS result
+    FROM jsonb_array_elements(%(completions)s::jsonb) AS item
 ),
 locked AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
-    WHERE job.id = ANY (%(job_ids)s::bigint[])
+    WHERE job.id = ANY (ARRAY(SELECT done.id FROM done))
     ORDER BY job.id
     FOR UPDATE
 )
 UPDATE django_pgqueue_job AS job
 SET status = 'succeeded',
-    result = done.result::jsonb,
+    result = done.result,
     finished_at = now(),
     lease_expires_at = NULL
 FROM done
@@ -222,15 +224,15 @@ RETURNING id, lease_expires_at
 
 -- name: extend_leases_if_leased
 -- Push many leases' expiry to now() + lease_seconds; returns the ids still held.
+-- leases is one JSON document, [[job id, lease generation], ...].
 WITH held AS (
-    SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_generations)s::bigint[])
-        AS held (id, lease_generation)
+    SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
+    FROM jsonb_array_elements(%(leases)s::jsonb) AS item
 ),
 locked AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
-    WHERE job.id = ANY (%(job_ids)s::bigint[])
+    WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
     ORDER BY job.id
     FOR UPDATE
 )
@@ -275,14 +277,13 @@ FROM released
 -- name: release_many_if_leased
 -- Give many leased jobs back at once (worker shutdown), each fenced by its generation.
 WITH held AS (
-    SELECT *
-    FROM unnest(%(job_ids)s::bigint[], %(lease_generations)s::bigint[])
-        AS held (id, lease_generation)
+    SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
+    FROM jsonb_array_elements(%(leases)s::jsonb) AS item
 ),
 locked AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
-    WHERE job.id = ANY (%(job_ids)s::bigint[])
+    WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
     ORDER BY job.id
     FOR UPDATE
 ),

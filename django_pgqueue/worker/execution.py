@@ -191,31 +191,44 @@ class JobRunner:
         flight: InFlight,
         task_result: TaskResult,  # type: ignore[type-arg]
         record_step: Callable[[str | None], None],
-    ) -> tuple[list[Any], dict[str, Any]]:
-        """Return the call's arguments; raise a permanent failure if they do not bind."""
+    ) -> list[Any]:
+        """Return the positional arguments of the call (the context first, if taken)."""
         job = flight.job
         entry = flight.entry
         assert entry is not None
-        args = list(job.args)
-        if entry.takes_context:
-            context = JobContext(
-                task_result=task_result,
-                job_id=job.id,
-                attempts=job.attempts,
-                lease_generation=job.lease_generation,
-                worker_id=self.worker_id,
-                initial_step=job.step,
-                _cancel_event=flight.cancel,
-                _record_step=record_step,
-            )
-            args.insert(0, context)
+        if not entry.takes_context:
+            return job.args
+        context = JobContext(
+            task_result=task_result,
+            job_id=job.id,
+            attempts=job.attempts,
+            lease_generation=job.lease_generation,
+            worker_id=self.worker_id,
+            initial_step=job.step,
+            _cancel_event=flight.cancel,
+            _record_step=record_step,
+        )
+        return [context, *job.args]
+
+    @staticmethod
+    def _explain(error: Exception, flight: InFlight, args: list[Any]) -> Exception:
+        """Turn a TypeError from arguments that do not bind into a permanent failure.
+
+        Binding is only checked after a TypeError, so the common path pays nothing; a
+        TypeError raised inside the task (with arguments that do bind) stays retryable.
+        """
+        entry = flight.entry
+        if not isinstance(error, TypeError) or entry is None:
+            return error
         try:
-            entry.signature.bind(*args, **job.kwargs)
-        except TypeError as error:
-            raise PermanentError(
-                f"arguments do not match {job.task_path}{entry.signature}: {error}"
-            ) from error
-        return args, job.kwargs
+            entry.signature.bind(*args, **flight.job.kwargs)
+        except TypeError as mismatch:
+            permanent = PermanentError(
+                f"arguments do not match {flight.job.task_path}{entry.signature}: {mismatch}"
+            )
+            permanent.__cause__ = error
+            return permanent
+        return error
 
     def _finish_signal(
         self,
@@ -252,32 +265,29 @@ class JobRunner:
         flight.started_at = started = time.monotonic()
         if entry.timeout is not None:
             flight.deadline = started + entry.timeout
+        # Like a request: drop connections that broke or outlived CONN_MAX_AGE.
         close_old_connections()
         task_result = self._task_result(flight)
+        if entry.atomic:
+            return self._run_atomic(flight, task_result, started)
+        args = self._call_arguments(flight, task_result, lambda step: self._record_step(job, step))
         try:
-            if entry.atomic:
-                return self._run_atomic(flight, task_result, started)
-            try:
-                args, kwargs = self._call_arguments(
-                    flight, task_result, lambda step: self._record_step(job, step)
-                )
-                task_started.send(PgQueueBackend, task_result=task_result)
-                value = entry.func(*args, **kwargs)
-                result_json = encode_result(value)
-            except Exception as error:
-                self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
-                return Outcome(
-                    flight,
-                    OutcomeKind.FAILED,
-                    failure=failure_from(error),
-                    duration=time.monotonic() - started,
-                )
-            self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
+            task_started.send(PgQueueBackend, task_result=task_result)
+            value = entry.func(*args, **job.kwargs)
+            result_json = encode_result(value)
+        except Exception as raised:
+            error = self._explain(raised, flight, args)
+            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
             return Outcome(
-                flight, OutcomeKind.SUCCEEDED, result_json, duration=time.monotonic() - started
+                flight,
+                OutcomeKind.FAILED,
+                failure=failure_from(error),
+                duration=time.monotonic() - started,
             )
-        finally:
-            close_old_connections()
+        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
+        return Outcome(
+            flight, OutcomeKind.SUCCEEDED, result_json, duration=time.monotonic() - started
+        )
 
     def _run_atomic(
         self,
@@ -291,24 +301,25 @@ class JobRunner:
         assert entry is not None
         job = flight.job
         store = QueueStore(DjangoRunner(self.database))
+        args = self._call_arguments(
+            flight, task_result, lambda step: store.set_step_if_leased(job.lease, step)
+        )
         try:
             with transaction.atomic(using=self.database):
-                args, kwargs = self._call_arguments(
-                    flight, task_result, lambda step: store.set_step_if_leased(job.lease, step)
-                )
                 task_started.send(PgQueueBackend, task_result=task_result)
-                value = entry.func(*args, **kwargs)
+                value = entry.func(*args, **job.kwargs)
                 result_json = encode_result(value)
                 store.complete_if_leased(job.lease, result_json)
         except LeaseLost as error:
             self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
             return Outcome(flight, OutcomeKind.LOST, duration=time.monotonic() - started)
-        except Exception as error:
-            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
+        except Exception as raised:
+            failed = self._explain(raised, flight, args)
+            self._finish_signal(task_result, TaskResultStatus.FAILED, error=failed)
             return Outcome(
                 flight,
                 OutcomeKind.FAILED,
-                failure=failure_from(error),
+                failure=failure_from(failed),
                 duration=time.monotonic() - started,
             )
         self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
@@ -328,10 +339,10 @@ class JobRunner:
         def record_step(step: str | None) -> None:
             self._record_step(job, step)
 
+        args = self._call_arguments(flight, task_result, record_step)
         try:
-            args, kwargs = self._call_arguments(flight, task_result, record_step)
             task_started.send(PgQueueBackend, task_result=task_result)
-            coroutine = entry.func(*args, **kwargs)
+            coroutine = entry.func(*args, **job.kwargs)
             if entry.timeout is not None:
                 flight.deadline = started + entry.timeout
                 try:

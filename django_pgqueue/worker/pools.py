@@ -9,7 +9,7 @@ from collections.abc import Callable, Coroutine
 from queue import SimpleQueue
 from typing import Any
 
-from django.db import connections
+from django.db import close_old_connections, connections
 
 from .execution import InFlight, Outcome, OutcomeKind, failure_from
 
@@ -65,6 +65,8 @@ class ThreadPool:
                     logger.exception("job %s: the runner itself failed", flight.job.id)
                     outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
                 self._sink(outcome)
+                if self._queue.empty():
+                    close_old_connections()  # the end of a burst of work, as after a request
         finally:
             connections.close_all()
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import ConfigurationError
-from ...worker import Worker, WorkerOptions
+from ...worker import Worker, WorkerOptions, quiet_django_task_logs
 from ...worker.supervisor import Supervisor
 
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -96,6 +96,7 @@ class Command(BaseCommand):
             sys.exit(code)
 
     def _configure_logging(self, verbosity: int) -> None:
+        quiet_django_task_logs()
         package_logger = logging.getLogger("django_pgqueue")
         if package_logger.handlers:
             return  # configured in LOGGING: leave it to the project

@@ -1,0 +1,446 @@
+"""The benchmark behind ``manage.py queuebench``: measure a queue on your own database.
+
+Every phase uses the real code paths: ``task.enqueue()`` through the Django backend,
+``QueueStore.enqueue_many`` for bulk inserts, and worker processes forked exactly as
+``runqueueworker --processes`` forks them. Benchmark jobs live in their own queue
+(``queuebench`` unless told otherwise) and are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from django.db import connections, transaction
+
+from .compat import Task, task_backends
+from .manager import JobSpec, PsycopgRunner, QueueStore
+from .pgconn import connect
+from .worker.options import WorkerOptions, default_worker_id
+
+__all__ = ["BenchConfig", "BenchReport", "latency_probe", "noop", "run_benchmark"]
+
+BENCH_QUEUE = "queuebench"
+_PREFILL_SQL = """
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, claimed_by, available_at, created_at, started_at, finished_at,
+    errors, result
+)
+SELECT %(queue)s, 'django_pgqueue.bench.noop', '[]', '{}', 0, 'succeeded', 1, 1, 1, 'prefill',
+    now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour',
+    now() - interval '1 hour', '[]', 'null'
+FROM generate_series(1, %(rows)s)
+"""
+
+
+def _noop() -> None:
+    """Do nothing: measures the queue, not the work."""
+
+
+def _latency_probe() -> float:
+    """Return the wall-clock time at which the handler started."""
+    return time.time()
+
+
+def _bench_task(func: Callable[..., Any]) -> Task:  # type: ignore[type-arg]
+    from .backend import PgQueueTask
+
+    backend = task_backends["default"]
+    queue = (
+        "default"
+        if "default" in backend.queues or not backend.queues
+        else sorted(backend.queues)[0]
+    )
+    return PgQueueTask(func=func, queue_name=queue, max_attempts=1)
+
+
+#: A no-op task (the queue's own cost, nothing else).
+noop = _bench_task(_noop)
+#: Returns when its handler started, for wake-up latency.
+latency_probe = _bench_task(_latency_probe)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure and with which worker settings."""
+
+    jobs: int = 20_000
+    processes: int = 2
+    concurrency: int = 4
+    batch_size: int = 500
+    prefetch: int = 500
+    repeat: int = 3
+    prefill: int = 0
+    single_enqueues: int = 2_000
+    latency_jobs: int = 200
+    latency_rate: float = 20.0
+    memory_jobs: int = 0
+    queue: str = BENCH_QUEUE
+    task_path: str = "django_pgqueue.bench.noop"
+    database: str = "default"
+    keep: bool = False
+
+
+@dataclass
+class BenchReport:
+    """The figures of one benchmark run."""
+
+    config: dict[str, Any]
+    server_version: str = ""
+    single_enqueue_per_second: float = 0.0
+    bulk_enqueue_per_second: list[float] = field(default_factory=list)
+    drain_per_second: list[float] = field(default_factory=list)
+    drain_wall_seconds: list[float] = field(default_factory=list)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    memory_rss_mb: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def drain_median(self) -> float:
+        """Return the median drain throughput in jobs per second."""
+        return statistics.median(self.drain_per_second) if self.drain_per_second else 0.0
+
+    @property
+    def bulk_median(self) -> float:
+        """Return the median bulk-enqueue rate in jobs per second."""
+        return (
+            statistics.median(self.bulk_enqueue_per_second) if self.bulk_enqueue_per_second else 0.0
+        )
+
+    def as_json(self) -> str:
+        """Return the report as JSON."""
+        data = asdict(self)
+        data["drain_median_per_second"] = self.drain_median
+        data["bulk_enqueue_median_per_second"] = self.bulk_median
+        return json.dumps(data, indent=2)
+
+    def as_text(self) -> str:
+        """Return the report as an aligned table."""
+        c = self.config
+        lines = [
+            f"queuebench on {self.server_version}",
+            f"  {c['jobs']} jobs x {c['repeat']} runs; {c['processes']} processes x "
+            f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}; "
+            f"{c['prefill']} finished jobs already in the table",
+            f"  single enqueue (own transaction):  {self.single_enqueue_per_second:>10,.0f} jobs/s",
+            f"  bulk enqueue (enqueue_many):       {self.bulk_median:>10,.0f} jobs/s  "
+            f"(runs: {', '.join(f'{v:,.0f}' for v in self.bulk_enqueue_per_second)})",
+            f"  drain:                             {self.drain_median:>10,.0f} jobs/s  "
+            f"(runs: {', '.join(f'{v:,.0f}' for v in self.drain_per_second)})",
+        ]
+        if self.latency_ms:
+            lat = self.latency_ms
+            lines.append(
+                f"  wake-up latency at {c['latency_rate']:g} jobs/s: p50 {lat['p50']:.1f} ms, "
+                f"p90 {lat['p90']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms "
+                f"({int(lat['samples'])} jobs)"
+            )
+        if self.memory_rss_mb:
+            mem = self.memory_rss_mb
+            lines.append(
+                f"  worker RSS over {c['memory_jobs']:,} jobs: {mem['first']:.1f} MB after 10%, "
+                f"{mem['last']:.1f} MB at the end ({mem['growth_percent']:+.1f}%)"
+            )
+        return "\n".join(lines)
+
+
+def run_benchmark(
+    config: BenchConfig, *, progress: Callable[[str], None] = lambda _: None
+) -> BenchReport:
+    """Run every phase of the benchmark and return the figures."""
+    report = BenchReport(config=asdict(config))
+    conn = connect(config.database, prepare=False, application_name="queuebench")
+    try:
+        report.server_version = str(_scalar(conn, "SHOW server_version"))
+        _cleanup(conn, config)
+        if config.prefill:
+            progress(f"prefilling {config.prefill:,} finished jobs")
+            conn.execute(_PREFILL_SQL, {"queue": config.queue, "rows": config.prefill})
+            conn.execute("VACUUM ANALYZE django_pgqueue_job")
+        progress(f"single enqueues: {config.single_enqueues:,}")
+        report.single_enqueue_per_second = _single_enqueues(config)
+        _delete_pending(conn, config)
+        for run in range(config.repeat):
+            progress(f"run {run + 1}/{config.repeat}: enqueue {config.jobs:,} jobs")
+            first_id, rate = _bulk_enqueue(config, config.jobs)
+            report.bulk_enqueue_per_second.append(rate)
+            conn.execute("VACUUM ANALYZE django_pgqueue_job")
+            progress(f"run {run + 1}/{config.repeat}: drain with {config.processes} processes")
+            started = time.monotonic()
+            _run_workers(config, burst=True)
+            report.drain_wall_seconds.append(time.monotonic() - started)
+            report.drain_per_second.append(_drain_rate(conn, config, first_id))
+        if config.latency_jobs:
+            progress(f"wake-up latency: {config.latency_jobs} jobs at {config.latency_rate:g}/s")
+            report.latency_ms = _latency(config)
+        if config.memory_jobs:
+            progress(f"memory: one worker through {config.memory_jobs:,} jobs")
+            report.memory_rss_mb = _memory(config)
+    finally:
+        if not config.keep:
+            _cleanup(conn, config)
+        conn.close()
+    return report
+
+
+# ---------------------------------------------------------------------- phases
+def _scalar(conn: Any, query: str, params: Sequence[Any] | None = None) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _cleanup(conn: Any, config: BenchConfig) -> None:
+    conn.execute("DELETE FROM django_pgqueue_job WHERE queue = %s", [config.queue])
+    conn.execute("DELETE FROM django_pgqueue_worker WHERE queues ? %s", [config.queue])
+    conn.execute("DELETE FROM django_pgqueue_queuestat WHERE queue = %s", [config.queue])
+
+
+def _delete_pending(conn: Any, config: BenchConfig) -> None:
+    conn.execute(
+        "DELETE FROM django_pgqueue_job WHERE queue = %s AND status = 'pending'", [config.queue]
+    )
+
+
+def _single_enqueues(config: BenchConfig) -> float:
+    if not config.single_enqueues:
+        return 0.0
+    from .backend import PgQueueBackend
+
+    # The backend's own enqueue path, on a copy of the backend that also serves the
+    # benchmark queue (which the project's QUEUES does not list).
+    configured = task_backends["default"]
+    backend = PgQueueBackend(
+        configured.alias,
+        {
+            "QUEUES": [*configured.queues, config.queue],
+            "OPTIONS": {**configured.options, "DATABASE": config.database},
+        },
+    )
+    bench_task = _in_queue(noop, config.queue)
+    started = time.perf_counter()
+    for _ in range(config.single_enqueues):
+        with transaction.atomic(using=config.database):
+            backend.enqueue(bench_task, (), {})
+    elapsed = time.perf_counter() - started
+    connections[config.database].close()
+    return config.single_enqueues / elapsed
+
+
+def _in_queue(bench_task: Task, queue: str) -> Task:  # type: ignore[type-arg]
+    # The benchmark queue is not in QUEUES: build the task without re-validating it.
+    clone = object.__new__(type(bench_task))
+    for name in bench_task.__dataclass_fields__:
+        object.__setattr__(clone, name, getattr(bench_task, name))
+    object.__setattr__(clone, "queue_name", queue)
+    return clone
+
+
+def _bulk_enqueue(config: BenchConfig, count: int) -> tuple[int, float]:
+    runner = PsycopgRunner(connect(config.database, prepare=False), config.database)
+    store = QueueStore(runner)
+    try:
+        specs = [
+            JobSpec(config.task_path, queue=config.queue, max_attempts=1) for _ in range(count)
+        ]
+        started = time.perf_counter()
+        first_id = None
+        for start in range(0, count, 10_000):
+            outcomes = store.enqueue_many(specs[start : start + 10_000])
+            if first_id is None:
+                first_id = outcomes[0].job.pk
+        elapsed = time.perf_counter() - started
+    finally:
+        runner.connection.close()
+    assert first_id is not None
+    return first_id, count / elapsed
+
+
+def _drain_rate(conn: Any, config: BenchConfig, first_id: int) -> float:
+    row = conn.execute(
+        "SELECT count(*), extract(epoch FROM max(finished_at) - min(claimed_at)) "
+        "FROM django_pgqueue_job WHERE queue = %s AND id >= %s AND status = 'succeeded'",
+        [config.queue, first_id],
+    ).fetchone()
+    assert row is not None
+    done, seconds = row
+    if done != config.jobs:
+        raise RuntimeError(f"only {done} of {config.jobs} benchmark jobs succeeded")
+    return float(done) / max(float(seconds), 1e-6)
+
+
+def _worker_options(
+    config: BenchConfig, *, burst: bool, processes: int | None = None
+) -> WorkerOptions:
+    options = WorkerOptions.from_settings(
+        concurrency=config.concurrency,
+        batch_size=config.batch_size,
+        prefetch=config.prefetch,
+        burst=burst,
+        handle_signals=True,
+        housekeeping=False,
+    )
+    return replace(options, queues=(config.queue,), database=config.database)
+
+
+def _child(options: WorkerOptions) -> None:
+    import logging
+
+    from .worker import Worker, quiet_django_task_logs
+
+    quiet_django_task_logs()
+    logging.getLogger("django_pgqueue").setLevel(logging.WARNING)
+    code = Worker(replace(options, worker_id=default_worker_id())).run()
+    os._exit(code)
+
+
+def _fork_workers(options: WorkerOptions, processes: int) -> list[BaseProcess]:
+    connections.close_all()
+    context = multiprocessing.get_context("fork")
+    children: list[BaseProcess] = [
+        context.Process(target=_child, args=(options,)) for _ in range(processes)
+    ]
+    for child in children:
+        child.start()
+    return children
+
+
+def _run_workers(config: BenchConfig, *, burst: bool) -> None:
+    children = _fork_workers(_worker_options(config, burst=burst), config.processes)
+    for child in children:
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"a benchmark worker exited with {child.exitcode}")
+
+
+def _stop(children: Sequence[BaseProcess]) -> None:
+    for child in children:
+        if child.pid is not None and child.is_alive():
+            os.kill(child.pid, signal.SIGTERM)
+    for child in children:
+        child.join(30)
+
+
+def _wait_registered(conn: Any, config: BenchConfig, count: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = _scalar(
+            conn,
+            "SELECT count(*) FROM django_pgqueue_worker WHERE status = 'alive' AND queues ? %s",
+            [config.queue],
+        )
+        listening = _scalar(
+            conn,
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+            ["pgqueue listener %"],
+        )
+        if alive >= count and listening >= count:
+            return
+        time.sleep(0.05)
+    raise RuntimeError("benchmark workers did not start")
+
+
+def _latency(config: BenchConfig) -> dict[str, float]:
+    latency_config = replace(config, task_path="django_pgqueue.bench.latency_probe")
+    children = _fork_workers(_worker_options(latency_config, burst=False), 1)
+    conn = connect(config.database, prepare=False)
+    store = QueueStore(PsycopgRunner(conn, config.database))
+    committed: dict[int, float] = {}
+    try:
+        _wait_registered(conn, config, 1)
+        interval = 1.0 / config.latency_rate
+        next_at = time.monotonic()
+        for _ in range(config.latency_jobs):
+            next_at += interval
+            outcome = store.enqueue(
+                JobSpec(latency_config.task_path, queue=config.queue, max_attempts=1)
+            )
+            committed[outcome.job.pk] = time.time()  # autocommit: visible and notified now
+            time.sleep(max(0.0, next_at - time.monotonic()))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done = _scalar(
+                conn,
+                "SELECT count(*) FROM django_pgqueue_job "
+                "WHERE id = ANY(%s) AND status = 'succeeded'",
+                [list(committed)],
+            )
+            if done == len(committed):
+                break
+            time.sleep(0.05)
+        rows = conn.execute(
+            "SELECT id, result FROM django_pgqueue_job WHERE id = ANY(%s) AND status = 'succeeded'",
+            [list(committed)],
+        ).fetchall()
+    finally:
+        _stop(children)
+        conn.close()
+    samples = sorted(
+        max(
+            0.0,
+            (float(json.loads(result) if isinstance(result, str) else result) - committed[job_id])
+            * 1000,
+        )
+        for job_id, result in rows
+    )
+    if not samples:
+        raise RuntimeError("no latency samples were collected")
+
+    def pct(p: float) -> float:
+        return samples[min(len(samples) - 1, round(p / 100 * (len(samples) - 1)))]
+
+    return {
+        "samples": float(len(samples)),
+        "p50": pct(50),
+        "p90": pct(90),
+        "p99": pct(99),
+        "max": samples[-1],
+    }
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _memory(config: BenchConfig) -> dict[str, float]:
+    conn = connect(config.database, prepare=False)
+    _bulk_enqueue(config, config.memory_jobs)
+    conn.execute("VACUUM ANALYZE django_pgqueue_job")
+    children = _fork_workers(_worker_options(config, burst=True), 1)
+    (child,) = children
+    assert child.pid is not None
+    samples: list[tuple[int, float]] = []
+    try:
+        while child.is_alive():
+            try:
+                rss = _rss_mb(child.pid)
+            except FileNotFoundError:
+                break
+            remaining = _scalar(
+                conn,
+                "SELECT count(*) FROM django_pgqueue_job WHERE queue = %s AND status = 'pending'",
+                [config.queue],
+            )
+            samples.append((config.memory_jobs - remaining, rss))
+            time.sleep(0.5)
+        child.join()
+    finally:
+        _stop(children)
+        conn.close()
+    early = [rss for done, rss in samples if done >= config.memory_jobs * 0.1]
+    if len(early) < 2:
+        raise RuntimeError("the memory run was too short to sample; use more --memory-jobs")
+    first, last = early[0], early[-1]
+    return {"first": first, "last": last, "growth_percent": (last - first) / first * 100}

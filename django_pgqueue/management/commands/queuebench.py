@@ -1,0 +1,99 @@
+"""``manage.py queuebench``: measure enqueue rate, drain throughput, latency and memory."""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...bench import BenchConfig, run_benchmark
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark django-pgqueue on this project's database: enqueue no-op jobs, drain them "
+        "with worker processes, and report throughput, enqueue rates and wake-up latency. "
+        "Benchmark jobs use their own queue and are deleted afterwards."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        """Declare the options."""
+        parser.add_argument("--jobs", type=int, default=20_000, help="Jobs per drain run (20000).")
+        parser.add_argument(
+            "--repeat", type=int, default=3, help="Drain runs; the median is reported (3)."
+        )
+        parser.add_argument("--processes", type=int, default=2, help="Worker processes (2).")
+        parser.add_argument("--concurrency", type=int, default=4, help="Threads per worker (4).")
+        parser.add_argument(
+            "--batch-size", type=int, default=500, help="Most jobs per claim (500)."
+        )
+        parser.add_argument(
+            "--prefetch", type=int, default=500, help="Jobs held beyond free threads (500)."
+        )
+        parser.add_argument(
+            "--prefill", type=int, default=0, help="Finished jobs inserted first (0)."
+        )
+        parser.add_argument(
+            "--single-enqueues",
+            type=int,
+            default=2000,
+            help="task.enqueue() calls, one transaction each (2000).",
+        )
+        parser.add_argument(
+            "--latency-jobs",
+            type=int,
+            default=200,
+            help="Jobs for the latency test (200; 0 skips).",
+        )
+        parser.add_argument(
+            "--latency-rate",
+            type=float,
+            default=20.0,
+            help="Jobs per second in the latency test (20).",
+        )
+        parser.add_argument(
+            "--memory-jobs", type=int, default=0, help="Jobs for the worker RSS test (0 skips)."
+        )
+        parser.add_argument(
+            "--queue", default="queuebench", help="Queue the benchmark jobs use (queuebench)."
+        )
+        parser.add_argument("--database", default="default", help="Database alias (default).")
+        parser.add_argument(
+            "--keep", action="store_true", help="Keep the benchmark jobs afterwards."
+        )
+        parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        """Run the benchmark and print the report."""
+        for name in ("jobs", "repeat", "processes", "concurrency", "batch_size"):
+            if options[name] < 1:
+                raise CommandError(f"--{name.replace('_', '-')} must be at least 1", returncode=2)
+        for name in ("prefetch", "prefill", "single_enqueues", "latency_jobs", "memory_jobs"):
+            if options[name] < 0:
+                raise CommandError(f"--{name.replace('_', '-')} must be 0 or more", returncode=2)
+        if options["latency_rate"] <= 0:
+            raise CommandError("--latency-rate must be positive", returncode=2)
+        config = BenchConfig(
+            jobs=options["jobs"],
+            repeat=options["repeat"],
+            processes=options["processes"],
+            concurrency=options["concurrency"],
+            batch_size=options["batch_size"],
+            prefetch=options["prefetch"],
+            prefill=options["prefill"],
+            single_enqueues=options["single_enqueues"],
+            latency_jobs=options["latency_jobs"],
+            latency_rate=options["latency_rate"],
+            memory_jobs=options["memory_jobs"],
+            queue=options["queue"],
+            database=options["database"],
+            keep=options["keep"],
+        )
+        progress = (
+            (lambda message: None)
+            if options["json"]
+            else (lambda message: self.stderr.write(f"queuebench: {message}"))
+        )
+        report = run_benchmark(config, progress=progress)
+        self.stdout.write(report.as_json() if options["json"] else report.as_text())
