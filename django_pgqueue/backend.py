@@ -18,7 +18,7 @@ import inspect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from django.apps import apps
 from django.conf import settings
@@ -39,12 +39,10 @@ from .compat import (
     task_enqueued,
 )
 from .exceptions import InvalidOption, JobNotFound, UnknownQueue, UnknownTask
-from .manager import JobSpec
+from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
+from .manager import JobSnapshot, JobSpec
 from .payload import check_key
 from .states import JobStatus
-
-if TYPE_CHECKING:
-    from .models import Job
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
 
@@ -166,7 +164,7 @@ class PgQueueBackend(BaseTaskBackend):
 
         self.validate_task(task)
         outcome = Job.objects.store(self.database).enqueue(self._spec(task, args, kwargs))
-        result = self._result(task, outcome.job)
+        result = self._result(task, outcome.snapshot)
         if outcome.created:
             task_enqueued.send(type(self), task_result=result)
         return result
@@ -183,7 +181,7 @@ class PgQueueBackend(BaseTaskBackend):
         specs = [self._spec(task, args, kwargs) for args, kwargs in calls]
         results = []
         for outcome in Job.objects.store(self.database).enqueue_many(specs):
-            result = self._result(task, outcome.job)
+            result = self._result(task, outcome.snapshot)
             if outcome.created:
                 task_enqueued.send(type(self), task_result=result)
             results.append(result)
@@ -216,18 +214,19 @@ class PgQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise JobNotFound(result_id) from None
-        job = Job.objects.using(self.database).filter(pk=job_id).first()
-        if job is None:
+        row = Job.objects.using(self.database).filter(pk=job_id).values().first()
+        if row is None:
             raise JobNotFound(result_id)
+        job = JobSnapshot.from_row(row)
         return self._result(resolve_task(job.task_path), job)
 
-    def _result(self, task: Task, job: Job) -> TaskResult:  # type: ignore[type-arg]
+    def _result(self, task: Task, job: JobSnapshot) -> TaskResult:  # type: ignore[type-arg]
         status = JobStatus(job.status)
         if task.queue_name != job.queue or task.priority != job.priority:
             # If the job's queue is no longer configured, report the task as defined.
             with contextlib.suppress(InvalidTask):
                 task = replace(task, queue_name=job.queue, priority=job.priority)
-        history = job.error_history()
+        history = list(job.errors or [])
         errors = [
             TaskError(
                 exception_class_path=str(entry.get("exception_class", "")),
@@ -247,7 +246,7 @@ class PgQueueBackend(BaseTaskBackend):
             worker_ids.append(job.claimed_by)
         result: TaskResult[..., Any] = TaskResult(
             task=task,
-            id=str(job.pk),
+            id=str(job.id),
             status=_STATUS_MAP[status],
             enqueued_at=job.created_at,
             started_at=job.started_at,
@@ -298,15 +297,14 @@ class PgQueueBackend(BaseTaskBackend):
 
 
 def _validate_options(task: PgQueueTask) -> None:
-    from .models import KEY_MAX_LENGTH
-
     if task.max_attempts is not None and (
         isinstance(task.max_attempts, bool)
         or not isinstance(task.max_attempts, int)
-        or not 1 <= task.max_attempts <= 1000
+        or not 1 <= task.max_attempts <= MAX_ATTEMPTS_LIMIT
     ):
         raise InvalidOption(
-            "max_attempts", f"{task.max_attempts!r} is not a whole number in 1..1000"
+            "max_attempts",
+            f"{task.max_attempts!r} is not a whole number in 1..{MAX_ATTEMPTS_LIMIT}",
         )
     if task.timeout is not None and (
         isinstance(task.timeout, bool)
@@ -325,8 +323,6 @@ def _validate_options(task: PgQueueTask) -> None:
 
 
 def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
-    from .models import QUEUE_MAX_LENGTH
-
     problems = [
         queue
         for queue in queues

@@ -256,7 +256,7 @@ def _bulk_enqueue(config: BenchConfig, count: int) -> tuple[int, float]:
         for start in range(0, count, 10_000):
             outcomes = store.enqueue_many(specs[start : start + 10_000])
             if first_id is None:
-                first_id = outcomes[0].job.pk
+                first_id = outcomes[0].id
         elapsed = time.perf_counter() - started
     finally:
         runner.connection.close()
@@ -363,7 +363,7 @@ def _latency(config: BenchConfig) -> dict[str, float]:
             outcome = store.enqueue(
                 JobSpec(latency_config.task_path, queue=config.queue, max_attempts=1)
             )
-            committed[outcome.job.pk] = time.time()  # autocommit: visible and notified now
+            committed[outcome.id] = time.time()  # autocommit: visible and notified now
             time.sleep(max(0.0, next_at - time.monotonic()))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

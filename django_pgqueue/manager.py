@@ -22,6 +22,7 @@ from django.utils import timezone
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
+from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .partition import bucket_for
 from .payload import check_key, encode_arguments
 from .retry import RetryPolicy
@@ -40,6 +41,7 @@ __all__ = [
     "FailOutcome",
     "Failure",
     "JobManager",
+    "JobSnapshot",
     "JobSpec",
     "Lease",
     "OperatorResult",
@@ -57,8 +59,6 @@ _JSON_COLUMNS = frozenset(
 HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
 # Largest number of ids an operator statement handles at once.
 OPERATOR_CHUNK = 1000
-
-_JOB_FIELD_COLUMNS: tuple[str, ...] | None = None
 
 
 # ---------------------------------------------------------------------- typed values
@@ -78,12 +78,102 @@ class JobSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class Enqueued:
-    """The outcome of enqueueing one job."""
+class JobSnapshot:
+    """A job row as a plain value (the same fields as :class:`~django_pgqueue.models.Job`)."""
 
-    job: Job
-    #: False when an existing job already held the idempotency key (and was returned).
-    created: bool
+    id: int
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    status: str
+    attempts: int
+    max_attempts: int
+    lease_generation: int
+    claimed_by: str | None
+    claimed_at: datetime | None
+    lease_expires_at: datetime | None
+    available_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    last_error_class: str | None
+    errors: list[dict[str, Any]]
+    result: Any
+    idempotency_key: str | None
+    partition_key: str | None
+    partition_bucket: int | None
+    step: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
+        """Build a snapshot from a decoded ``SELECT *``/``RETURNING *`` row."""
+        return cls(**{name: row[name] for name in _SNAPSHOT_FIELDS})
+
+    def to_job(self, alias: str) -> Job:
+        """Return an unsaved-looking-saved model instance (as loaded from ``alias``)."""
+        from .models import Job
+
+        return Job.from_db(
+            alias, _SNAPSHOT_FIELDS, [getattr(self, name) for name in _SNAPSHOT_FIELDS]
+        )
+
+
+_SNAPSHOT_FIELDS: tuple[str, ...] = tuple(JobSnapshot.__dataclass_fields__)
+
+
+class Enqueued:
+    """The outcome of enqueueing one job.
+
+    A bulk insert knows everything about its new rows without reading them back, so the
+    snapshot (and the model instance) are only built when asked for.
+    """
+
+    __slots__ = ("_id", "_pending", "_snapshot", "alias", "created")
+
+    def __init__(
+        self,
+        snapshot: JobSnapshot | None,
+        created: bool,
+        alias: str,
+        *,
+        pending: tuple[int, datetime, datetime, Mapping[str, Any]] | None = None,
+    ) -> None:
+        #: False when an existing job already held the idempotency key (and was returned).
+        self.created = created
+        #: The database alias the job was written to.
+        self.alias = alias
+        self._snapshot = snapshot
+        self._pending = pending
+        if snapshot is not None:
+            self._id = snapshot.id
+        else:
+            assert pending is not None
+            self._id = pending[0]
+
+    def __repr__(self) -> str:
+        return f"<Enqueued job {self._id} created={self.created}>"
+
+    @property
+    def id(self) -> int:
+        """Return the job's id."""
+        return self._id
+
+    @property
+    def snapshot(self) -> JobSnapshot:
+        """Return the job as a plain value (built on first access for bulk inserts)."""
+        if self._snapshot is None:
+            assert self._pending is not None
+            self._snapshot = _new_snapshot(*self._pending)
+            self._pending = None
+        return self._snapshot
+
+    @property
+    def job(self) -> Job:
+        """Return the job as a model instance (built on each access)."""
+        return self.snapshot.to_job(self.alias)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,16 +379,22 @@ class QueueStore:
         woken) only once that transaction commits. Raises an :class:`EnqueueError`
         subclass, before touching the database, for any invalid field.
         """
-        params = self._job_params(spec)
+        params = _validated(spec, _Defaults.read())
         params["channel"] = conf.NOTIFY_CHANNEL
-        rows = self._run("enqueue", **params).dicts()
+        if params["idempotency_key"] is None:
+            del params["idempotency_key"]
+            rows = self._run("enqueue", **params).dicts()
+        else:
+            rows = self._run("enqueue_idempotent", **params).dicts()
         if rows:
-            return Enqueued(self._job(rows[0]), created=bool(rows[0]["created"]))
+            return Enqueued(
+                JobSnapshot.from_row(rows[0]), bool(rows[0]["created"]), self.runner.alias
+            )
         # The key's holder committed after this statement's snapshot began: read it now.
         assert spec.idempotency_key is not None
         existing = self._by_idempotency_keys([spec.idempotency_key])
         if spec.idempotency_key in existing:
-            return Enqueued(existing[spec.idempotency_key], created=False)
+            return Enqueued(existing[spec.idempotency_key], False, self.runner.alias)
         # The holder was deleted in between (pruned or discarded): the key is free again.
         return self.enqueue(spec)
 
@@ -306,161 +402,59 @@ class QueueStore:
         """Insert many jobs with one statement; return one outcome per spec, in order.
 
         Validates every spec before writing anything. Specs sharing an idempotency key
-        (with each other or with existing jobs) resolve to the same job.
+        (with each other or with existing jobs) resolve to the same job. The outcomes
+        carry snapshots; ``outcome.job`` builds a model instance only when asked for.
         """
         specs = list(specs)
         if not specs:
             return []
-        columns: dict[str, list[Any]] = {
-            "queues": [],
-            "task_paths": [],
-            "args": [],
-            "kwargs": [],
-            "priorities": [],
-            "max_attempts": [],
-            "available_at": [],
-            "idempotency_keys": [],
-            "partition_keys": [],
-            "partition_buckets": [],
-        }
-        for position, spec in enumerate(specs):
-            params = self._job_params(spec, position=position)
-            columns["queues"].append(params["queue"])
-            columns["task_paths"].append(params["task_path"])
-            columns["args"].append(params["args"])
-            columns["kwargs"].append(params["kwargs"])
-            columns["priorities"].append(params["priority"])
-            columns["max_attempts"].append(params["max_attempts"])
-            columns["available_at"].append(params["available_at"])
-            columns["idempotency_keys"].append(params["idempotency_key"])
-            columns["partition_keys"].append(params["partition_key"])
-            columns["partition_buckets"].append(params["partition_bucket"])
-        rows = self._run("enqueue_many", channel=conf.NOTIFY_CHANNEL, **columns).dicts()
-
+        defaults = _Defaults.read()
+        prepared = [_validated(spec, defaults, position=index) for index, spec in enumerate(specs)]
+        rows = self._run(
+            "enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=_jobs_document(prepared)
+        ).rows
+        alias = self.runner.alias
         outcomes: list[Enqueued | None] = []
-        by_key: dict[str, Job] = {}
+        by_key: dict[str, JobSnapshot] = {}
         position = 0
-        for spec in specs:
-            key = spec.idempotency_key
+        for params in prepared:
+            key = params["idempotency_key"]
             if key is not None and key in by_key:
-                outcomes.append(Enqueued(by_key[key], created=False))
+                outcomes.append(Enqueued(by_key[key], False, alias))
                 continue
             row = rows[position] if position < len(rows) else None
-            if (
-                row is not None
-                and row["idempotency_key"] == key
-                and row["task_path"] == spec.task_path
-            ):
-                job = self._job(row)
+            # RETURNING follows the insert order (ORDER BY position); a row skipped by
+            # ON CONFLICT is simply absent, so the next returned row has another key.
+            if row is not None and row[3] == key:
                 position += 1
+                outcome = Enqueued(None, True, alias, pending=(row[0], row[1], row[2], params))
                 if key is not None:
-                    by_key[key] = job
-                outcomes.append(Enqueued(job, created=True))
+                    by_key[key] = outcome.snapshot
+                outcomes.append(outcome)
             elif key is not None:
-                outcomes.append(None)  # skipped by ON CONFLICT: an existing job holds the key
+                outcomes.append(None)  # an existing job holds the key
             else:
                 raise AssertionError("enqueue_many: RETURNING rows out of input order")
         if position != len(rows):
             raise AssertionError("enqueue_many: more rows returned than matched")
-
-        missing = [
-            spec.idempotency_key
-            for spec, outcome in zip(specs, outcomes, strict=True)
-            if outcome is None
-        ]
-        if missing:
-            existing = self._by_idempotency_keys([key for key in missing if key is not None])
-            for index, (spec, outcome) in enumerate(zip(specs, outcomes, strict=True)):
-                if outcome is None:
+        if None in outcomes:
+            missing = [
+                p["idempotency_key"] for p, o in zip(prepared, outcomes, strict=True) if o is None
+            ]
+            existing = self._by_idempotency_keys(missing)
+            for index, spec in enumerate(specs):
+                if outcomes[index] is None:
                     key = spec.idempotency_key
                     assert key is not None
                     if key in existing:
-                        outcomes[index] = Enqueued(existing[key], created=False)
+                        outcomes[index] = Enqueued(existing[key], False, alias)
                     else:  # deleted in between: enqueue it again
                         outcomes[index] = self.enqueue(spec)
         return [outcome for outcome in outcomes if outcome is not None]
 
-    def _by_idempotency_keys(self, keys: list[str]) -> dict[str, Job]:
+    def _by_idempotency_keys(self, keys: list[str]) -> dict[str, JobSnapshot]:
         rows = self._run("select_by_idempotency_keys", idempotency_keys=keys).dicts()
-        return {row["idempotency_key"]: self._job(row) for row in rows}
-
-    def _job_params(self, spec: JobSpec, *, position: int | None = None) -> dict[str, Any]:
-        try:
-            return self._checked_params(spec)
-        except PayloadTooLarge:
-            raise
-        except InvalidArguments as error:
-            if position is None:
-                raise
-            raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
-        except InvalidOption as error:
-            if position is None:
-                raise
-            raise InvalidOption(f"jobs[{position}].{error.option}", error.reason) from None
-
-    def _checked_params(self, spec: JobSpec) -> dict[str, Any]:
-        from .models import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
-
-        if not isinstance(spec.task_path, str) or not spec.task_path:
-            raise InvalidOption("task_path", "must be a non-empty string")
-        if len(spec.task_path) > TASK_PATH_MAX_LENGTH:
-            raise InvalidOption("task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters")
-        if not isinstance(spec.queue, str) or not spec.queue:
-            raise InvalidOption("queue_name", "must be a non-empty string")
-        if len(spec.queue) > QUEUE_MAX_LENGTH or "\x00" in spec.queue:
-            raise InvalidOption(
-                "queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters, without NUL"
-            )
-        priority = spec.priority
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidOption("priority", f"must be an integer, not {priority!r}")
-        if not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY:
-            raise InvalidOption(
-                "priority",
-                f"{priority} is outside {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}",
-            )
-        max_attempts = conf.MAX_ATTEMPTS if spec.max_attempts is None else spec.max_attempts
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-            raise InvalidOption("max_attempts", f"must be an integer, not {max_attempts!r}")
-        if not 1 <= max_attempts <= 1000:
-            raise InvalidOption("max_attempts", f"{max_attempts} is outside 1..1000")
-        available_at = spec.available_at
-        if available_at is not None:
-            if not isinstance(available_at, datetime):
-                raise InvalidOption("run_after", f"must be a datetime, not {available_at!r}")
-            if settings.USE_TZ and timezone.is_naive(available_at):
-                raise InvalidOption("run_after", "must be an aware datetime (USE_TZ is True)")
-            if not settings.USE_TZ and timezone.is_naive(available_at):
-                available_at = timezone.make_aware(available_at)
-        idempotency_key = check_key(
-            "idempotency_key", spec.idempotency_key, max_length=KEY_MAX_LENGTH
-        )
-        partition_key = check_key("partition_key", spec.partition_key, max_length=KEY_MAX_LENGTH)
-        args_json, kwargs_json = encode_arguments(
-            spec.args, spec.kwargs, limit=conf.MAX_PAYLOAD_BYTES
-        )
-        return {
-            "queue": spec.queue,
-            "task_path": spec.task_path,
-            "args": args_json,
-            "kwargs": kwargs_json,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "available_at": available_at,
-            "idempotency_key": idempotency_key,
-            "partition_key": partition_key,
-            "partition_bucket": None if partition_key is None else bucket_for(partition_key),
-        }
-
-    def _job(self, row: Mapping[str, Any]) -> Job:
-        from .models import Job
-
-        global _JOB_FIELD_COLUMNS  # noqa: PLW0603 - computed once, after apps are ready
-        if _JOB_FIELD_COLUMNS is None:
-            _JOB_FIELD_COLUMNS = tuple(field.attname for field in Job._meta.concrete_fields)
-        return Job.from_db(
-            self.runner.alias, _JOB_FIELD_COLUMNS, [row[name] for name in _JOB_FIELD_COLUMNS]
-        )
+        return {row["idempotency_key"]: JobSnapshot.from_row(row) for row in rows}
 
     # ------------------------------------------------------------------ workers
     def claim(
@@ -850,6 +844,154 @@ class QueueStore:
             chunk = ids[start : start + OPERATOR_CHUNK]
             done.extend(row[0] for row in self._run(name, job_ids=chunk, **params).rows)
         return _operator_result(ids, done)
+
+@dataclass(frozen=True, slots=True)
+class _Defaults:
+    """Settings read once per enqueue call rather than once per job."""
+
+    max_attempts: int
+    payload_limit: int
+    use_tz: bool
+
+    @classmethod
+    def read(cls) -> _Defaults:
+        return cls(conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ)
+
+
+def _validated(
+    spec: JobSpec, defaults: _Defaults, *, position: int | None = None
+) -> dict[str, Any]:
+    """Return the statement parameters of ``spec``; raise naming the bad field.
+
+    In a batch, the field is prefixed with the spec's position (``jobs[3].args[0]``).
+    """
+    try:
+        return _checked(spec, defaults)
+    except PayloadTooLarge:
+        raise
+    except InvalidArguments as error:
+        if position is None:
+            raise
+        raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
+    except InvalidOption as error:
+        if position is None:
+            raise
+        raise InvalidOption(f"jobs[{position}].{error.option}", error.reason) from None
+
+
+def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
+    task_path = spec.task_path
+    if not isinstance(task_path, str) or not task_path:
+        raise InvalidOption("task_path", "must be a non-empty string")
+    if len(task_path) > TASK_PATH_MAX_LENGTH:
+        raise InvalidOption("task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters")
+    queue = spec.queue
+    if not isinstance(queue, str) or not queue:
+        raise InvalidOption("queue_name", "must be a non-empty string")
+    if len(queue) > QUEUE_MAX_LENGTH or "\x00" in queue:
+        raise InvalidOption(
+            "queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters, without NUL"
+        )
+    priority = spec.priority
+    if type(priority) is not int:
+        raise InvalidOption("priority", f"must be an integer, not {priority!r}")
+    if not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY:
+        raise InvalidOption(
+            "priority", f"{priority} is outside {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}"
+        )
+    max_attempts = defaults.max_attempts if spec.max_attempts is None else spec.max_attempts
+    if type(max_attempts) is not int:
+        raise InvalidOption("max_attempts", f"must be an integer, not {max_attempts!r}")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidOption("max_attempts", f"{max_attempts} is outside 1..{MAX_ATTEMPTS_LIMIT}")
+    available_at = spec.available_at
+    if available_at is not None:
+        if not isinstance(available_at, datetime):
+            raise InvalidOption("run_after", f"must be a datetime, not {available_at!r}")
+        if timezone.is_naive(available_at):
+            if defaults.use_tz:
+                raise InvalidOption("run_after", "must be an aware datetime (USE_TZ is True)")
+            available_at = timezone.make_aware(available_at)
+    idempotency_key = spec.idempotency_key
+    if idempotency_key is not None:
+        check_key("idempotency_key", idempotency_key, max_length=KEY_MAX_LENGTH)
+    partition_key = spec.partition_key
+    if partition_key is not None:
+        check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
+    args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
+    return {
+        "queue": queue,
+        "task_path": task_path,
+        "args": args_json,
+        "kwargs": kwargs_json,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "available_at": available_at,
+        "idempotency_key": idempotency_key,
+        "partition_key": partition_key,
+        "partition_bucket": None if partition_key is None else bucket_for(partition_key),
+    }
+
+
+def _jobs_document(prepared: list[dict[str, Any]]) -> str:
+    """Return the jobs as one JSON document, ``[[queue, task_path, args, ...], ...]``.
+
+    Arguments are JSON already and are spliced in as they are; strings repeated across
+    the batch (queue, task path) are encoded once.
+    """
+    encoded: dict[str | None, str] = {None: "null"}
+
+    def text(value: str | None) -> str:
+        found = encoded.get(value)
+        if found is None:
+            found = encoded[value] = json.dumps(value)
+        return found
+
+    parts = []
+    for p in prepared:
+        available_at = p["available_at"]
+        bucket = p["partition_bucket"]
+        parts.append(
+            f"[{text(p['queue'])},{text(p['task_path'])},{p['args']},{p['kwargs']},"
+            f"{p['priority']},{p['max_attempts']},"
+            f"{'null' if available_at is None else json.dumps(available_at.isoformat())},"
+            f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
+            f"{'null' if bucket is None else bucket}]"
+        )
+    return "[" + ",".join(parts) + "]"
+
+
+def _new_snapshot(
+    job_id: int, created_at: datetime, available_at: datetime, params: Mapping[str, Any]
+) -> JobSnapshot:
+    """Return the snapshot of a job just inserted from ``params`` (no round trip needed)."""
+    return JobSnapshot(
+        id=job_id,
+        queue=params["queue"],
+        task_path=params["task_path"],
+        args=json.loads(params["args"]),
+        kwargs=json.loads(params["kwargs"]),
+        priority=params["priority"],
+        status=JobStatus.PENDING,
+        attempts=0,
+        max_attempts=params["max_attempts"],
+        lease_generation=0,
+        claimed_by=None,
+        claimed_at=None,
+        lease_expires_at=None,
+        available_at=available_at,
+        created_at=created_at,
+        started_at=None,
+        finished_at=None,
+        last_error=None,
+        last_error_class=None,
+        errors=[],
+        result=None,
+        idempotency_key=params["idempotency_key"],
+        partition_key=params["partition_key"],
+        partition_bucket=params["partition_bucket"],
+        step=None,
+    )
 
 
 def _leases_document(leases: Sequence[Lease]) -> str:

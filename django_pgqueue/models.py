@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from .limits import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH, WORKER_ID_MAX_LENGTH
 from .manager import JobManager
 from .partition import BUCKET_COUNT
 from .states import TERMINAL_STATUSES, JobStatus, WorkerStatus
@@ -47,12 +48,6 @@ _UNPARTITIONED = Q(partition_key__isnull=True)
 # NULL" (same rows, by pgq_job_bucket_with_key), which the probes by partition_key do not
 # imply; pgq_job_lease and pgq_job_pending name the column they are searched by.
 _BUCKETED = Q(partition_bucket__isnull=False)
-
-# Bounds of the free-text columns, shared with enqueue-time validation.
-QUEUE_MAX_LENGTH = 100
-TASK_PATH_MAX_LENGTH = 255
-KEY_MAX_LENGTH = 255
-WORKER_ID_MAX_LENGTH = 200
 
 
 class Job(models.Model):

@@ -30,6 +30,8 @@ def encode_arguments(
     Raises :class:`InvalidArguments` naming the offending argument (``args[1]``,
     ``kwargs['when']['tz']``) or :class:`PayloadTooLarge`.
     """
+    if not args and not kwargs and isinstance(args, list | tuple) and isinstance(kwargs, Mapping):
+        return "[]", "{}"  # the common case of a task without arguments
     if not isinstance(args, list | tuple):
         raise InvalidArguments("args", f"must be a list or tuple, not {type(args).__name__}")
     if not isinstance(kwargs, Mapping):

@@ -7,6 +7,30 @@
 
 
 -- name: enqueue
+-- Insert one job without an idempotency key and wake the queue's workers.
+WITH inserted AS (
+    INSERT INTO django_pgqueue_job (
+        queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+        lease_generation, available_at, created_at, errors, idempotency_key,
+        partition_key, partition_bucket
+    )
+    VALUES (
+        %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
+        'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
+        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s
+    )
+    RETURNING *
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, inserted.queue)
+    FROM inserted
+    WHERE inserted.available_at <= now()
+)
+SELECT inserted.*, true AS created, (SELECT count(*) FROM woken) AS notified
+FROM inserted
+
+
+-- name: enqueue_idempotent
 -- Insert one job, or return the job already holding its idempotency key.
 -- A key held by an uncommitted insert makes ON CONFLICT wait for that transaction: if it
 -- commits, this insert does nothing (the caller then reads the winner with
@@ -42,19 +66,14 @@ WHERE existing.idempotency_key = %(idempotency_key)s
 
 -- name: enqueue_many
 -- Insert many jobs in one statement; rows whose idempotency key is taken are skipped.
--- The arrays are parallel (one element per job). Rows come back in input order; skipped
--- rows are missing and the caller reads them with select_by_idempotency_keys.
+-- jobs is one JSON document, [[queue, task_path, args, kwargs, priority, max_attempts,
+-- available_at, idempotency_key, partition_key, partition_bucket], ...]: cheaper to send
+-- and parse than ten parallel arrays. Rows come back in input order with just what the
+-- caller does not know yet; skipped rows are missing and the caller reads them with
+-- select_by_idempotency_keys.
 WITH incoming AS (
-    SELECT *
-    FROM unnest(
-        %(queues)s::text[], %(task_paths)s::text[], %(args)s::text[], %(kwargs)s::text[],
-        %(priorities)s::smallint[], %(max_attempts)s::integer[],
-        %(available_at)s::timestamptz[], %(idempotency_keys)s::text[],
-        %(partition_keys)s::text[], %(partition_buckets)s::smallint[]
-    ) WITH ORDINALITY AS incoming (
-        queue, task_path, args, kwargs, priority, max_attempts, available_at,
-        idempotency_key, partition_key, partition_bucket, position
-    )
+    SELECT incoming.item, incoming.position
+    FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS incoming (item, position)
 ),
 inserted AS (
     INSERT INTO django_pgqueue_job (
@@ -63,20 +82,21 @@ inserted AS (
         partition_key, partition_bucket
     )
     SELECT
-        incoming.queue, incoming.task_path, incoming.args::jsonb, incoming.kwargs::jsonb,
-        incoming.priority, 'pending', 0, incoming.max_attempts, 0,
-        COALESCE(incoming.available_at, now()), now(), '[]'::jsonb,
-        incoming.idempotency_key, incoming.partition_key, incoming.partition_bucket
+        incoming.item ->> 0, incoming.item ->> 1, incoming.item -> 2, incoming.item -> 3,
+        (incoming.item ->> 4)::smallint, 'pending', 0, (incoming.item ->> 5)::integer, 0,
+        COALESCE((incoming.item ->> 6)::timestamptz, now()), now(), '[]'::jsonb,
+        incoming.item ->> 7, incoming.item ->> 8, (incoming.item ->> 9)::smallint
     FROM incoming
     ORDER BY incoming.position
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING *
+    RETURNING id, created_at, available_at, idempotency_key, queue
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT inserted.queue FROM inserted WHERE inserted.available_at <= now()) AS ready
 )
-SELECT inserted.*, true AS created, (SELECT count(*) FROM woken) AS notified
+SELECT inserted.id, inserted.created_at, inserted.available_at, inserted.idempotency_key,
+    (SELECT count(*) FROM woken) AS notified
 FROM inserted
 
 
