@@ -1,0 +1,1 @@
+"""The example shop's one app: orders, and the background jobs that follow them."""

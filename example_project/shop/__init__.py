@@ -1,0 +1,1 @@
+"""The example shop's project package: settings, URLs, WSGI and database selection."""
