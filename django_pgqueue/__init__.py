@@ -20,6 +20,17 @@ from .states import JobStatus, WorkerStatus
 
 __version__ = "0.1.0.dev0"
 
+
+def __getattr__(name: str) -> object:
+    # ``task`` pulls in the backend; importing it lazily keeps ``import django_pgqueue``
+    # (in a settings module, say) free of side effects.
+    if name == "task":
+        from .decorators import task
+
+        return task
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "EnqueueError",
     "InvalidArguments",
@@ -35,4 +46,5 @@ __all__ = [
     "UnknownTask",
     "WorkerStatus",
     "__version__",
+    "task",
 ]

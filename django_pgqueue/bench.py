@@ -406,12 +406,13 @@ def _latency(config: BenchConfig) -> dict[str, float]:
     }
 
 
-def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
+def _rss_mb(pid: int) -> float | None:
+    """Return the resident set size of ``pid`` in MB (None once it is exiting)."""
+    with open(f"/proc/{pid}/status") as status:  # Linux only, by design
         for line in status:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
-    return 0.0
+    return None
 
 
 def _memory(config: BenchConfig) -> dict[str, float]:
@@ -428,6 +429,8 @@ def _memory(config: BenchConfig) -> dict[str, float]:
                 rss = _rss_mb(child.pid)
             except FileNotFoundError:
                 break
+            if rss is None:
+                break
             remaining = _scalar(
                 conn,
                 "SELECT count(*) FROM django_pgqueue_job WHERE queue = %s AND status = 'pending'",
@@ -439,8 +442,9 @@ def _memory(config: BenchConfig) -> dict[str, float]:
     finally:
         _stop(children)
         conn.close()
-    early = [rss for done, rss in samples if done >= config.memory_jobs * 0.1]
-    if len(early) < 2:
+    # From 10% on (imports, caches and pools are warm), until the worker stops.
+    steady = [rss for done, rss in samples if done >= config.memory_jobs * 0.1]
+    if len(steady) < 2:
         raise RuntimeError("the memory run was too short to sample; use more --memory-jobs")
-    first, last = early[0], early[-1]
+    first, last = steady[0], steady[-1]
     return {"first": first, "last": last, "growth_percent": (last - first) / first * 100}

@@ -16,10 +16,21 @@ from django.db import connections
 from .compat import task_backends
 from .conf import conf
 
-__all__ = ["MINIMUM_POSTGRESQL", "SETTING_CHECK_IDS"]
+__all__ = ["CHECK_IDS", "MINIMUM_POSTGRESQL", "SETTING_CHECK_IDS"]
 
 #: Oldest supported PostgreSQL major version.
 MINIMUM_POSTGRESQL = 14
+
+#: Every check ID that is not about a single setting, with what it reports.
+CHECK_IDS = {
+    "django_pgqueue.E001": "A PgQueueBackend stores jobs in a database that is not PostgreSQL.",
+    "django_pgqueue.E002": "The PostgreSQL server is older than 14 (checked with --database).",
+    "django_pgqueue.E003": "A PgQueueBackend is configured but django_pgqueue is not installed.",
+    "django_pgqueue.E004": "The admin is installed but rangefilter (django-admin-rangefilter) is not.",
+    "django_pgqueue.E005": "A backend's QUEUES is empty or holds an invalid queue name.",
+    "django_pgqueue.E006": "A backend's OPTIONS['DATABASE'] is not a key of DATABASES.",
+    "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",
+}
 
 #: One stable check ID per setting.
 SETTING_CHECK_IDS = {

@@ -179,3 +179,13 @@ def ledger_sequence(context: Any, key: str, sequence: int) -> None:
 def signal_probe(value: int) -> int:
     """The test app records task_started/task_finished for this task in the ledger."""
     return value
+
+
+# ---------------------------------------------------------------- the typed decorator
+from django_pgqueue import task as pgqueue_task  # noqa: E402
+
+
+@pgqueue_task(queue_name="reports", max_attempts=2, timeout=30.0, partition_key="reports")
+def typed_report(name: str) -> str:
+    """Declared with django_pgqueue.task."""
+    return name.upper()

@@ -220,3 +220,30 @@ def test_manager_level_results_keep_working_after_the_job_is_pruned(store):
         from django_pgqueue.manager import Lease
 
         store.complete_if_leased(Lease(job.pk, 1, "w"), "null")
+
+
+def test_the_typed_decorator_declares_a_pgqueue_task_with_its_options(db):
+    assert isinstance(tasks.typed_report, PgQueueTask)
+    assert (tasks.typed_report.max_attempts, tasks.typed_report.timeout) == (2, 30.0)
+    tasks.typed_report.using(idempotency_key="monthly").enqueue("march")
+    job = Job.objects.get()
+    assert (job.queue, job.max_attempts, job.partition_key, job.idempotency_key) == (
+        "reports",
+        2,
+        "reports",
+        "monthly",
+    )
+
+
+def test_the_typed_decorator_refuses_other_backends(settings):
+    from django_pgqueue import task as pgqueue_task
+    from django_pgqueue.compat import NATIVE_TASKS, InvalidTask
+
+    dummy = (
+        "django.tasks.backends.dummy.DummyBackend"
+        if NATIVE_TASKS
+        else ("django_tasks.backends.dummy.DummyBackend")
+    )
+    settings.TASKS = {**settings.TASKS, "other": {"BACKEND": dummy}}
+    with pytest.raises(InvalidTask, match="PgQueueBackend"):
+        pgqueue_task(backend="other")(tasks.noop.func)

@@ -152,3 +152,16 @@ def _has_native_tasks():
     from django_pgqueue.compat import NATIVE_TASKS
 
     return NATIVE_TASKS
+
+
+def test_every_check_id_in_the_code_is_documented():
+    import re
+    from pathlib import Path
+
+    import django_pgqueue
+
+    source = "\n".join(
+        path.read_text() for path in Path(django_pgqueue.__file__).parent.rglob("*.py")
+    )
+    used = set(re.findall(r'id="(django_pgqueue\.[EW]\d{3})"', source))
+    assert used == set(pgqueue_checks.CHECK_IDS)
