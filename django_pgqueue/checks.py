@@ -26,7 +26,8 @@ CHECK_IDS = {
     "django_pgqueue.E001": "A PgQueueBackend stores jobs in a database that is not PostgreSQL.",
     "django_pgqueue.E002": "The PostgreSQL server is older than 14 (checked with --database).",
     "django_pgqueue.E003": "A PgQueueBackend is configured but django_pgqueue is not installed.",
-    "django_pgqueue.E004": "The admin is installed but rangefilter (django-admin-rangefilter) is not.",
+    "django_pgqueue.E004": "The admin is installed but rangefilter "
+    "(django-admin-rangefilter) is not.",
     "django_pgqueue.E005": "A backend's QUEUES is empty or holds an invalid queue name.",
     "django_pgqueue.E006": "A backend's OPTIONS['DATABASE'] is not a key of DATABASES.",
     "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",

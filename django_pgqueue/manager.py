@@ -356,6 +356,102 @@ class PsycopgRunner:
             return Result(columns, cursor.fetchall(), cursor.rowcount)
 
 
+# ---------------------------------------------------------------------- admin values (read-only)
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    """One queue's backlog and health, as the admin's lag page shows it."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    processing: int
+    expired: int
+    dead_letters: int
+    #: When the oldest ready job became ready (None: nothing is ready).
+    oldest_ready_at: datetime | None
+    measured_at: datetime
+    #: ready, scheduled and dead_letters stop counting here (the true number may be larger).
+    count_limit: int
+
+    @property
+    def lag_seconds(self) -> float:
+        """Return how long the oldest ready job has been waiting (0 when none is ready)."""
+        if self.oldest_ready_at is None:
+            return 0.0
+        return max((self.measured_at - self.oldest_ready_at).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMinute:
+    """One minute of one queue's counters, as workers record them."""
+
+    queue: str
+    minute: datetime
+    succeeded: int
+    failed: int
+    dead_lettered: int
+    wait_ms_max: int
+
+    @property
+    def finished(self) -> int:
+        """Return the jobs that finished an attempt in this minute, whatever the outcome."""
+        return self.succeeded + self.failed + self.dead_lettered
+
+
+@dataclass(frozen=True, slots=True)
+class TableHealth:
+    """Size and vacuum state of the job table, from PostgreSQL's statistics views."""
+
+    total_bytes: int
+    table_bytes: int
+    index_bytes: int
+    live_tuples: int
+    dead_tuples: int
+    modified_since_analyze: int
+    last_vacuum: datetime | None
+    last_autovacuum: datetime | None
+    last_analyze: datetime | None
+    last_autoanalyze: datetime | None
+    autovacuum_count: int
+    autoanalyze_count: int
+
+    @property
+    def dead_fraction(self) -> float:
+        """Return the share of dead tuples among all tuples (0 for an empty table)."""
+        total = self.live_tuples + self.dead_tuples
+        return self.dead_tuples / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterGroup:
+    """Dead letters of one task that failed with one error class."""
+
+    task_path: str
+    last_error_class: str | None
+    jobs: int
+    sample_job_id: int
+    sample_queue: str
+    sample_error: str | None
+    sample_finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBlocker:
+    """The job a partitioned job waits for."""
+
+    job_id: int
+    status: JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """The running jobs a worker holds leases on."""
+
+    worker_id: str
+    jobs: int
+    expired: int
+
+
 # ---------------------------------------------------------------------- the store
 class QueueStore:
     """Every queue operation, bound to one connection.
@@ -844,6 +940,68 @@ class QueueStore:
             chunk = ids[start : start + OPERATOR_CHUNK]
             done.extend(row[0] for row in self._run(name, job_ids=chunk, **params).rows)
         return _operator_result(ids, done)
+
+    # ------------------------------------------------------------------ admin (read-only)
+    # The admin pages' queries (sql/admin.sql). None writes or locks; each uses an index.
+    def estimated_job_count(self) -> int | None:
+        """Return the planner's estimate of the job table's rows; None if never analyzed."""
+        rows = self._run("estimated_job_count").rows
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
+
+    def job_table_health(self) -> TableHealth | None:
+        """Return the job table's size and vacuum statistics (None if it is not visible)."""
+        rows = self._run("job_table_health").dicts()
+        return TableHealth(**rows[0]) if rows else None
+
+    def known_queues(self, configured: Iterable[str] = ()) -> list[str]:
+        """Return the queues worth showing, sorted: ``configured`` and every queue in use."""
+        rows = self._run("known_queues", configured=sorted(set(configured))).rows
+        return [row[0] for row in rows]
+
+    def queue_lag(self, queues: Sequence[str], *, count_limit: int = 10_000) -> list[QueueLag]:
+        """Return the backlog of each queue, sorted by name; counts stop at ``count_limit``."""
+        rows = self._run("queue_lag", queues=list(queues), count_limit=count_limit).dicts()
+        return [QueueLag(**row, count_limit=count_limit) for row in rows]
+
+    def queue_minutes(self, queues: Sequence[str], *, minutes: int = 60) -> list[QueueMinute]:
+        """Return the per-minute counters of ``queues`` over the last ``minutes``, oldest first."""
+        rows = self._run("queue_minutes", queues=list(queues), minutes=minutes).dicts()
+        return [QueueMinute(**row) for row in rows]
+
+    def dead_letter_groups(self, *, limit: int = 500) -> list[DeadLetterGroup]:
+        """Return dead letters grouped by task and error class, the largest groups first."""
+        rows = self._run("dead_letter_groups", limit=limit).dicts()
+        return [DeadLetterGroup(**row) for row in rows]
+
+    def partition_blocker(self, job_id: int, partition_key: str) -> PartitionBlocker | None:
+        """Return the job a pending partitioned job waits for; None if it is the head."""
+        rows = self._run("partition_blocker", job_id=job_id, partition_key=partition_key).rows
+        return PartitionBlocker(rows[0][0], JobStatus(rows[0][1])) if rows else None
+
+    def partition_waiting(
+        self, job_id: int, partition_key: str, *, include_older: bool, limit: int
+    ) -> list[int]:
+        """Return up to ``limit`` ids of the partition's pending jobs queued behind a job.
+
+        ``include_older`` counts every other pending job (the job is running); otherwise
+        only younger ones (the job is pending: older ones run before it).
+        """
+        rows = self._run(
+            "partition_waiting",
+            job_id=job_id,
+            partition_key=partition_key,
+            include_older=include_older,
+            limit=limit,
+        ).rows
+        return [row[0] for row in rows]
+
+    def jobs_in_flight(self, worker_ids: Sequence[str]) -> dict[str, WorkerLoad]:
+        """Return the running jobs of each of ``worker_ids`` that holds any, by worker id."""
+        if not worker_ids:
+            return {}
+        rows = self._run("jobs_in_flight", worker_ids=list(worker_ids)).dicts()
+        return {row["worker_id"]: WorkerLoad(**row) for row in rows}
+
 
 @dataclass(frozen=True, slots=True)
 class _Defaults:

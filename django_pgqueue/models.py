@@ -170,6 +170,37 @@ class Job(models.Model):
             # Admin created-at range filters: rows arrive in created_at order, so a BRIN
             # index is a few pages, and created_at never changes after the insert.
             BrinIndex(fields=["created_at"], name="pgq_job_created_brin"),
+            # Admin inbox and dead-letter page, status filter and the retry action: dead
+            # letters or cancelled jobs, newest first, wherever they sit in the table.
+            # Only rows entering or leaving those rare states write to it.
+            models.Index(
+                fields=["status", "id"],
+                name="pgq_job_revivable",
+                condition=Q(status__in=[JobStatus.DEAD_LETTER, JobStatus.CANCELLED]),
+            ),
+            # Admin lag page (queue_lag's dead-letter count, known_queues) and the
+            # dead-letter page filtered by queue: dead letters per queue.
+            models.Index(
+                fields=["queue", "id"],
+                name="pgq_job_dead_queue",
+                condition=Q(status=JobStatus.DEAD_LETTER),
+            ),
+            # Admin inbox filters by queue, task and partition key (bloom summaries: a
+            # rare value reads only the block ranges holding it) and available-at ranges
+            # (multi-minmax, so far-future scheduled jobs do not widen every range).
+            # A summarizing index: it does not prevent HOT updates, and an update only
+            # writes to it when the new value is not yet in its block range's summary.
+            # Migration 0003 builds it with pages_per_range = 16.
+            BrinIndex(
+                fields=["queue", "task_path", "partition_key", "available_at"],
+                name="pgq_job_filter_brin",
+                opclasses=[
+                    "text_bloom_ops",
+                    "text_bloom_ops",
+                    "text_bloom_ops",
+                    "timestamptz_minmax_multi_ops",
+                ],
+            ),
         )
         constraints = (
             # enqueue's ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL.

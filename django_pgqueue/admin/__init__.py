@@ -1,0 +1,18 @@
+"""The queue's admin pages: inbox, job detail, dead letters, lag and workers.
+
+Django's admin autodiscovery imports this package, which registers the pages on the
+default admin site. Every change to a job goes through the queue manager.
+"""
+
+from django.contrib import admin
+
+from ..models import DeadLetter, Job, Worker
+from .dead_letters import DeadLetterAdmin
+from .jobs import JobAdmin
+from .workers import WorkerAdmin
+
+__all__ = ["DeadLetterAdmin", "JobAdmin", "WorkerAdmin"]
+
+admin.site.register(Job, JobAdmin)
+admin.site.register(DeadLetter, DeadLetterAdmin)
+admin.site.register(Worker, WorkerAdmin)

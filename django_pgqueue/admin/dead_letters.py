@@ -1,0 +1,131 @@
+"""The dead letters: jobs that gave up, listed and grouped by task and error class.
+
+The grouped view (``admin:django_pgqueue_deadletter_groups``) answers "what is failing,
+how often, and with what error" in one page; each group links to its jobs and can be
+retried or discarded as a whole, through the same confirmed actions as the listing.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Job
+from ..states import JobStatus
+from .actions import DISCARD, RETRY, has_operation_permission, operation_actions
+from .filters import (
+    NO_ERROR_CLASS,
+    CreatedRangeFilter,
+    ErrorClassFilter,
+    FinishedRangeFilter,
+    QueueFilter,
+    TaskFilter,
+)
+from .formatting import relative
+from .jobs import BaseJobAdmin
+
+__all__ = ["DeadLetterAdmin"]
+
+#: Groups shown on the grouped view, largest first.
+GROUPS_SHOWN = 500
+
+
+class DeadLetterAdmin(BaseJobAdmin):
+    """Dead-lettered jobs only, with the grouped view and retry/discard actions."""
+
+    list_display = (
+        "id",
+        "task",
+        "queue_name",
+        "error",
+        "attempts_display",
+        "finished",
+        "age",
+    )
+    list_filter = (
+        QueueFilter,
+        TaskFilter,
+        ErrorClassFilter,
+        ("finished_at", FinishedRangeFilter),
+        ("created_at", CreatedRangeFilter),
+    )
+    actions = operation_actions(RETRY, DISCARD)
+    listing_title = _("Dead letters")
+    change_list_template = "django_pgqueue/admin/dead_letter_changelist.html"
+    # The error message is shown (cut short); the rest of the payload is not.
+    list_deferred_fields = ("args", "kwargs", "errors", "result")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Return dead letters only (pgq_job_revivable, newest first)."""
+        return super().get_queryset(request).filter(status=JobStatus.DEAD_LETTER)
+
+    @admin.display(description=_("error"))
+    def error(self, job: Job) -> SafeString:
+        """Show the error class and the start of the message."""
+        return format_html(
+            '<span class="pgq-error-class">{}</span> {}',
+            job.last_error_class or "",
+            Truncator(job.last_error or "").chars(120),
+        )
+
+    @admin.display(description=_("finished"))
+    def finished(self, job: Job) -> str:
+        """Show how long ago the job gave up."""
+        return relative(job.finished_at)
+
+    def get_urls(self) -> list[URLPattern]:
+        """Add the grouped view in front of the standard URLs."""
+        groups = path(
+            "groups/",
+            self.admin_site.admin_view(self.groups_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_groups",
+        )
+        return [groups, *super().get_urls()]
+
+    def groups_view(self, request: HttpRequest) -> TemplateResponse:
+        """Render dead letters grouped by task and error class."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        changelist = reverse(
+            f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist",
+            current_app=self.admin_site.name,
+        )
+        groups = Job.objects.store(self.model.objects.db).dead_letter_groups(limit=GROUPS_SHOWN)
+        rows = [
+            {
+                "group": group,
+                "url": changelist
+                + "?"
+                + urlencode(
+                    {
+                        "task": group.task_path,
+                        "error_class": group.last_error_class or NO_ERROR_CLASS,
+                    }
+                ),
+            }
+            for group in groups
+        ]
+        actions = self.get_actions(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Dead letters by task and error"),
+            "opts": self.opts,
+            "rows": rows,
+            "groups_shown": GROUPS_SHOWN,
+            "changelist_url": changelist,
+            "can_retry": RETRY.name in actions and has_operation_permission(self, request, RETRY),
+            "can_discard": DISCARD.name in actions
+            and has_operation_permission(self, request, DISCARD),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "django_pgqueue/admin/dead_letter_groups.html", context)

@@ -1,0 +1,219 @@
+"""The read-only job page: payloads, error history, timeline, partition and actions.
+
+Shared by the inbox and the dead-letter page, each with its own permissions. Nothing on
+it can be edited; operator actions are buttons that go through the action confirmation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import messages
+from django.contrib.admin.utils import unquote
+from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Job
+from ..states import JobStatus
+from .actions import OPERATIONS, RETURN_TO, Operation, has_operation_permission
+from .formatting import duration, pretty_json, relative, status_badge
+
+if TYPE_CHECKING:
+    from django.contrib.admin import ModelAdmin
+
+__all__ = ["TimelineEvent", "render_job_detail"]
+
+#: Jobs waiting behind a partitioned job that the page lists.
+WAITING_SHOWN = 20
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEvent:
+    """One moment in a job's life."""
+
+    label: Any
+    at: datetime
+    detail: str = ""
+
+    @property
+    def relative(self) -> str:
+        """Return the moment relative to now ("3 min ago", "in 20 s")."""
+        return relative(self.at)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorAttempt:
+    """One failed attempt of the error history."""
+
+    attempt: Any
+    exception_class: str
+    message: str
+    traceback: str
+    worker: str
+    at: str
+
+
+def render_job_detail(
+    model_admin: ModelAdmin[Any], request: HttpRequest, object_id: str
+) -> HttpResponse:
+    """Render the read-only page of one job (GET only: nothing on it is editable)."""
+    if request.method not in {"GET", "HEAD"}:
+        return HttpResponseNotAllowed(["GET", "HEAD"])
+    if not model_admin.has_view_or_change_permission(request):
+        raise PermissionDenied
+    opts = model_admin.opts
+    changelist = reverse(
+        f"admin:{opts.app_label}_{opts.model_name}_changelist",
+        current_app=model_admin.admin_site.name,
+    )
+    job = model_admin.get_object(request, unquote(object_id))
+    if job is None:
+        # Discarded, pruned, or (on the dead-letter page) retried since.
+        model_admin.message_user(
+            request,
+            _("Job #%(id)s is not here: it may have been discarded or retried.")
+            % {"id": object_id},
+            messages.WARNING,
+        )
+        return HttpResponseRedirect(changelist)
+    now = timezone.now()
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": _("Job #%(id)s") % {"id": job.pk},
+        "subtitle": job.task_path,
+        "opts": opts,
+        "original": job,
+        "job": job,
+        "status_html": status_badge(job.status),
+        "now": now,
+        "has_view_permission": True,
+        "timeline": _timeline(job, now),
+        "attempts": _attempts(job),
+        "args_json": pretty_json(job.args),
+        "kwargs_json": pretty_json(job.kwargs),
+        "result_json": pretty_json(job.result) if job.status == JobStatus.SUCCEEDED else None,
+        "operations": _operations(model_admin, request, job),
+        "changelist_url": changelist,
+        "history_url": _history_url(model_admin, request, job),
+        "return_to_field": RETURN_TO,
+        "return_to": request.get_full_path(),
+        **_partition(job),
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "django_pgqueue/admin/job_detail.html", context)
+
+
+def _history_url(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> str:
+    # Actions log against the job model, whichever page ran them: its history has them
+    # all (the dead-letter page's own history would be empty).
+    job_view = f"{Job._meta.app_label}.{get_permission_codename('view', Job._meta)}"
+    opts = Job._meta if request.user.has_perm(job_view) else model_admin.opts
+    return reverse(
+        f"admin:{opts.app_label}_{opts.model_name}_history",
+        args=[job.pk],
+        current_app=model_admin.admin_site.name,
+    )
+
+
+def _timeline(job: Job, now: datetime) -> list[TimelineEvent]:
+    events = [TimelineEvent(_("created"), job.created_at)]
+    if job.started_at:
+        events.append(TimelineEvent(_("first started"), job.started_at))
+    for entry in job.error_history():
+        at = _parse_time(entry.get("at"))
+        if at is not None:
+            events.append(
+                TimelineEvent(
+                    _("attempt %(attempt)s failed") % {"attempt": entry.get("attempt", "?")},
+                    at,
+                    str(entry.get("exception_class", "")),
+                )
+            )
+    if job.claimed_at:
+        events.append(TimelineEvent(_("claimed"), job.claimed_at, job.claimed_by or ""))
+    if job.status == JobStatus.PENDING:
+        label = _("ready") if job.available_at <= now else _("scheduled to be ready")
+        events.append(TimelineEvent(label, job.available_at))
+    if job.lease_expires_at:
+        expired = job.lease_expires_at < now
+        label = _("lease expired") if expired else _("lease expires")
+        events.append(TimelineEvent(label, job.lease_expires_at))
+    if job.finished_at:
+        events.append(
+            TimelineEvent(
+                _("finished"),
+                job.finished_at,
+                duration((job.finished_at - job.created_at).total_seconds()),
+            )
+        )
+    return sorted(events, key=lambda event: event.at)
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
+
+
+def _attempts(job: Job) -> list[ErrorAttempt]:
+    return [
+        ErrorAttempt(
+            attempt=entry.get("attempt", "?"),
+            exception_class=str(entry.get("exception_class") or ""),
+            message=str(entry.get("message") or ""),
+            traceback=str(entry.get("traceback") or ""),
+            worker=str(entry.get("worker") or ""),
+            at=_format_at(entry.get("at")),
+        )
+        for entry in job.error_history()
+        if isinstance(entry, dict)
+    ]
+
+
+def _format_at(value: object) -> str:
+    moment = _parse_time(value)
+    if moment is None:
+        return str(value or "")
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S} ({relative(moment)})"
+
+
+def _operations(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> list[Operation]:
+    actions = model_admin.get_actions(request)
+    return [
+        operation
+        for name, operation in OPERATIONS.items()
+        if name in actions
+        and operation.applies(job)
+        and has_operation_permission(model_admin, request, operation)
+    ]
+
+
+def _partition(job: Job) -> dict[str, Any]:
+    if job.partition_key is None or job.status not in {JobStatus.PENDING, JobStatus.PROCESSING}:
+        return {}
+    store = Job.objects.store(job._state.db)
+    blocker = None
+    if job.status == JobStatus.PENDING:
+        blocker = store.partition_blocker(job.pk, job.partition_key)
+    waiting = store.partition_waiting(
+        job.pk,
+        job.partition_key,
+        include_older=job.status == JobStatus.PROCESSING,
+        limit=WAITING_SHOWN + 1,
+    )
+    return {
+        "blocker": blocker,
+        "waiting": waiting[:WAITING_SHOWN],
+        "waiting_more": len(waiting) > WAITING_SHOWN,
+    }

@@ -1,0 +1,99 @@
+"""How the admin shows durations, moments, statuses and payloads.
+
+Everything returned here is either plain text (escaped by the templates) or built with
+``format_html``, so payloads and error messages are never rendered as HTML.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+
+from ..states import JobStatus, WorkerStatus
+
+__all__ = [
+    "PAYLOAD_DISPLAY_LIMIT",
+    "compact",
+    "duration",
+    "pretty_json",
+    "relative",
+    "status_badge",
+    "worker_badge",
+]
+
+#: Characters of a payload shown on the detail page; the rest is cut (a payload may be 1 MB).
+PAYLOAD_DISPLAY_LIMIT = 100_000
+
+_UNITS = ((86_400, "d"), (3_600, "h"), (60, "min"), (1, "s"))
+
+
+def duration(seconds: float) -> str:
+    """Return ``seconds`` as a short duration, two units at most ("2 h 5 min", "40 s")."""
+    seconds = abs(seconds)
+    if seconds < 1:
+        return _("%(milliseconds)d ms") % {"milliseconds": round(seconds * 1000)}
+    parts = []
+    remaining = int(seconds)
+    for size, unit in _UNITS:
+        if remaining >= size:
+            parts.append(f"{remaining // size} {unit}")
+            remaining %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def compact(number: float) -> str:
+    """Return ``number`` in at most four characters or so: 950, 13.2k, 1.2M."""
+    for size, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(number) >= size:
+            value = number / size
+            return f"{value:.1f}{suffix}" if value < 100 else f"{value:.0f}{suffix}"
+    return f"{number:.0f}"
+
+
+def relative(moment: datetime | None, now: datetime | None = None) -> str:
+    """Return ``moment`` relative to now: "in 5 min", "3 s ago", or "" for None."""
+    if moment is None:
+        return ""
+    delta = (moment - (now or timezone.now())).total_seconds()
+    if delta >= 0:
+        return _("in %(duration)s") % {"duration": duration(delta)}
+    return _("%(duration)s ago") % {"duration": duration(delta)}
+
+
+def status_badge(status: str) -> SafeString:
+    """Return a job status as a coloured badge."""
+    try:
+        label = str(JobStatus(status).label)
+    except ValueError:
+        label = status
+    return format_html('<span class="pgq-badge pgq-status-{}">{}</span>', status, label)
+
+
+def worker_badge(status: str, *, silent: bool = False) -> SafeString:
+    """Return a worker status as a badge; ``silent`` flags an alive worker gone quiet."""
+    try:
+        label = str(WorkerStatus(status).label)
+    except ValueError:
+        label = status
+    if silent:
+        return format_html(
+            '<span class="pgq-badge pgq-worker-silent">{}</span>', _("%s, silent") % label
+        )
+    return format_html('<span class="pgq-badge pgq-worker-{}">{}</span>', status, label)
+
+
+def pretty_json(value: Any, *, limit: int = PAYLOAD_DISPLAY_LIMIT) -> str:
+    """Return ``value`` as indented JSON text, cut after ``limit`` characters."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    if len(text) > limit:
+        omitted = len(text) - limit
+        text = text[:limit] + "\n" + _("… %(count)d more characters") % {"count": omitted}
+    return text

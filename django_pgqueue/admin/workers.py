@@ -1,0 +1,148 @@
+"""The worker registry: who is alive, draining or dead, and what each one is holding.
+
+Read-only: rows belong to the workers, which write them on every heartbeat. The registry
+is advisory (never trusted for safety), so the page also flags an "alive" worker that
+has been silent for longer than the worker timeout: housekeeping will mark it dead.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from ..conf import conf
+from ..manager import WorkerLoad
+from ..models import Job, Worker
+from ..partition import BUCKET_COUNT
+from ..states import WorkerStatus
+from .formatting import relative, worker_badge
+
+__all__ = ["WorkerAdmin"]
+
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[Worker]
+else:  # ModelAdmin is generic for the type checker only
+    _ModelAdmin = admin.ModelAdmin
+
+
+class WorkerAdmin(_ModelAdmin):
+    """Live, draining and dead workers with their jobs in flight and partition buckets."""
+
+    list_display = (
+        "id",
+        "status_display",
+        "hostname",
+        "pid",
+        "queue_list",
+        "concurrency",
+        "in_flight",
+        "buckets",
+        "started",
+        "last_seen",
+    )
+    list_filter = ("status", "hostname")
+    show_facets = admin.ShowFacets.NEVER
+    search_fields = ("id", "hostname")
+    ordering = ("status", "-last_seen_at")
+    list_per_page = 100
+    readonly_fields = (
+        "id",
+        "status",
+        "hostname",
+        "pid",
+        "queues",
+        "concurrency",
+        "started_at",
+        "last_seen_at",
+        "metadata",
+    )
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Return False: workers register themselves."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Return False: the registry is written by the workers only."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Return False: housekeeping forgets dead workers on its own."""
+        return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Render the listing, with each worker's running jobs looked up in one query."""
+        response = super().changelist_view(
+            request, {"title": _("Workers"), **(extra_context or {})}
+        )
+        if isinstance(response, TemplateResponse) and response.context_data:
+            changelist = response.context_data.get("cl")
+            if changelist is not None:
+                # Evaluates the page once; the template then reads the same instances.
+                workers = list(changelist.result_list)
+                loads = Job.objects.store(self.model.objects.db).jobs_in_flight(
+                    [worker.id for worker in workers]
+                )
+                for worker in workers:
+                    worker.in_flight_load = loads.get(worker.id)
+        return response
+
+    @admin.display(description=_("status"))
+    def status_display(self, worker: Worker) -> SafeString:
+        """Show the status; an alive worker silent past the timeout is flagged."""
+        silent = (
+            worker.status == WorkerStatus.ALIVE
+            and (timezone.now() - worker.last_seen_at).total_seconds() > conf.WORKER_TIMEOUT_SECONDS
+        )
+        return worker_badge(worker.status, silent=silent)
+
+    @admin.display(description=_("queues"))
+    def queue_list(self, worker: Worker) -> str:
+        """Show the queues the worker serves."""
+        return ", ".join(str(queue) for queue in worker.queues or [])
+
+    @admin.display(description=_("jobs in flight"))
+    def in_flight(self, worker: Worker) -> SafeString | str:
+        """Show the running jobs the worker holds a lease on, and how many expired."""
+        load: WorkerLoad | None = getattr(worker, "in_flight_load", None)
+        if load is None:
+            return "0"
+        if load.expired:
+            return format_html(
+                '{} <span class="pgq-expired">({})</span>',
+                load.jobs,
+                _("%(count)d expired") % {"count": load.expired},
+            )
+        return str(load.jobs)
+
+    @admin.display(description=_("partition buckets"))
+    def buckets(self, worker: Worker) -> SafeString:
+        """Show how many of the partition buckets of each queue the worker owns."""
+        owned = (worker.metadata or {}).get("owned_buckets") or {}
+        if not isinstance(owned, dict):
+            return SafeString("")
+        return format_html_join(
+            ", ", "{}: {}/{}", ((queue, count, BUCKET_COUNT) for queue, count in owned.items())
+        )
+
+    @admin.display(description=_("started"), ordering="started_at")
+    def started(self, worker: Worker) -> str:
+        """Show how long ago the worker started."""
+        return relative(worker.started_at)
+
+    @admin.display(description=_("last seen"), ordering="last_seen_at")
+    def last_seen(self, worker: Worker) -> str:
+        """Show how long ago the worker last heartbeated."""
+        return relative(worker.last_seen_at)

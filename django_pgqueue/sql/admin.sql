@@ -1,0 +1,267 @@
+-- The admin's read-only queries: queue lag, table health, estimates, dead-letter groups,
+-- partition blockers and jobs in flight.
+--
+-- None of them writes or locks anything. Each reaches the rows it needs through one of the
+-- partial indexes (named in its description) or reads the catalog only; none scans the
+-- job table, which holds millions of finished rows (tests/test_admin_indexes.py checks
+-- the plans on a million-row table). Counts that could be large stop at count_limit: a
+-- backlog of millions is shown as "10,000+" rather than counted on every page view.
+
+
+-- name: estimated_job_count
+-- The planner's estimate of the job table's rows: reltuples scaled to the current size,
+-- as the planner itself does. NULL until the table has been analyzed.
+-- Uses no index: it reads pg_class only.
+SELECT (
+    CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN NULL
+    ELSE cls.reltuples / cls.relpages
+        * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
+    END
+)::bigint AS estimate
+FROM pg_class AS cls
+WHERE cls.oid = 'django_pgqueue_job'::regclass
+
+
+-- name: job_table_health
+-- Size, live and dead tuples, and the last vacuum and analyze of the job table.
+-- Uses no index: it reads the statistics views only.
+SELECT
+    pg_total_relation_size(stat.relid) AS total_bytes,
+    pg_relation_size(stat.relid) AS table_bytes,
+    pg_indexes_size(stat.relid) AS index_bytes,
+    stat.n_live_tup AS live_tuples,
+    stat.n_dead_tup AS dead_tuples,
+    stat.n_mod_since_analyze AS modified_since_analyze,
+    stat.last_vacuum,
+    stat.last_autovacuum,
+    stat.last_analyze,
+    stat.last_autoanalyze,
+    stat.autovacuum_count,
+    stat.autoanalyze_count
+FROM pg_stat_user_tables AS stat
+WHERE stat.relid = 'django_pgqueue_job'::regclass
+
+
+-- name: known_queues
+-- Every queue worth showing: the configured ones, those with pending jobs or dead letters
+-- or running jobs, those workers serve and those with statistics in the last hour.
+-- Uses pgq_job_pending and pgq_job_dead_queue as loose index scans (one probe per
+-- queue: "the first queue name after the previous one"), and pgq_job_lease.
+-- "available_at > '-infinity'" rather than "IS NOT NULL": PostgreSQL 17+ drops IS NOT NULL
+-- on a NOT NULL column before matching partial-index predicates, and would then not see
+-- that pgq_job_pending (WHERE ... available_at IS NOT NULL) holds every pending row.
+WITH RECURSIVE pending_queue AS (
+    (
+        SELECT job.queue
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.available_at > '-infinity'::timestamptz
+        ORDER BY job.queue
+        LIMIT 1
+    )
+    UNION ALL
+    SELECT (
+        SELECT job.queue
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.available_at > '-infinity'::timestamptz
+          AND job.queue > previous.queue
+        ORDER BY job.queue
+        LIMIT 1
+    )
+    FROM pending_queue AS previous
+    WHERE previous.queue IS NOT NULL
+),
+dead_queue AS (
+    (
+        SELECT job.queue
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'dead_letter'
+        ORDER BY job.queue
+        LIMIT 1
+    )
+    UNION ALL
+    SELECT (
+        SELECT job.queue
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'dead_letter'
+          AND job.queue > previous.queue
+        ORDER BY job.queue
+        LIMIT 1
+    )
+    FROM dead_queue AS previous
+    WHERE previous.queue IS NOT NULL
+)
+SELECT known.queue
+FROM (
+    SELECT unnest(%(configured)s::text[]) AS queue
+    UNION
+    SELECT pending_queue.queue FROM pending_queue
+    UNION
+    SELECT dead_queue.queue FROM dead_queue
+    UNION
+    SELECT job.queue
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'processing'
+      AND job.lease_expires_at IS NOT NULL
+    UNION
+    SELECT jsonb_array_elements_text(worker.queues) FROM django_pgqueue_worker AS worker
+    UNION
+    SELECT stat.queue
+    FROM django_pgqueue_queuestat AS stat
+    WHERE stat.minute > now() - interval '1 hour'
+) AS known
+WHERE known.queue IS NOT NULL
+ORDER BY known.queue
+
+
+-- name: queue_lag
+-- Per queue: ready and scheduled depth, running jobs, expired leases, dead letters and
+-- the oldest ready job (its available_at: how long the queue makes users wait).
+-- Depths and dead letters stop counting at count_limit.
+-- Uses pgq_job_pending (ready, scheduled, oldest ready), pgq_job_lease (running,
+-- expired) and pgq_job_dead_queue (dead letters).
+WITH wanted AS (
+    SELECT DISTINCT unnest(%(queues)s::text[]) AS queue
+),
+running AS (
+    SELECT
+        job.queue,
+        count(*) AS processing,
+        count(*) FILTER (WHERE job.lease_expires_at < now()) AS expired
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'processing'
+      AND job.lease_expires_at IS NOT NULL
+    GROUP BY job.queue
+)
+SELECT
+    wanted.queue,
+    (
+        SELECT count(*)
+        FROM (
+            SELECT 1
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'pending'
+              AND job.queue = wanted.queue
+              AND job.available_at <= now()
+            LIMIT %(count_limit)s
+        ) AS capped
+    ) AS ready,
+    (
+        SELECT count(*)
+        FROM (
+            SELECT 1
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'pending'
+              AND job.queue = wanted.queue
+              AND job.available_at > now()
+            LIMIT %(count_limit)s
+        ) AS capped
+    ) AS scheduled,
+    COALESCE(running.processing, 0) AS processing,
+    COALESCE(running.expired, 0) AS expired,
+    (
+        SELECT count(*)
+        FROM (
+            SELECT 1
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'dead_letter'
+              AND job.queue = wanted.queue
+            LIMIT %(count_limit)s
+        ) AS capped
+    ) AS dead_letters,
+    (
+        SELECT min(job.available_at)
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.queue = wanted.queue
+          AND job.available_at <= now()
+    ) AS oldest_ready_at,
+    now() AS measured_at
+FROM wanted
+LEFT JOIN running ON running.queue = wanted.queue
+ORDER BY wanted.queue
+
+
+-- name: queue_minutes
+-- The workers' per-minute counters of the given queues over the last minutes, oldest
+-- first: finished jobs by outcome and the longest wait of a job claimed in that minute.
+-- Uses pgq_stat_queue_minute (one range scan per queue); the job table is not read.
+SELECT stat.queue, stat.minute, stat.succeeded, stat.failed, stat.dead_lettered,
+    stat.wait_ms_max
+FROM (SELECT DISTINCT unnest(%(queues)s::text[]) AS queue) AS wanted
+JOIN django_pgqueue_queuestat AS stat
+    ON stat.queue = wanted.queue
+   AND stat.minute > date_trunc('minute', now()) - make_interval(mins => %(minutes)s)
+ORDER BY stat.queue, stat.minute
+
+
+-- name: dead_letter_groups
+-- Dead letters grouped by task and error class, largest group first: how many, and the
+-- newest one with its error as a sample.
+-- Uses pgq_job_dead: an index-only scan for the counts (or pgq_job_revivable while the
+-- visibility map is not set yet), then the primary key for the newest job of each group.
+SELECT grp.task_path, grp.last_error_class, grp.jobs, sample.id AS sample_job_id,
+    sample.queue AS sample_queue, sample.last_error AS sample_error,
+    sample.finished_at AS sample_finished_at
+FROM (
+    SELECT job.task_path, job.last_error_class, count(*) AS jobs, max(job.id) AS newest_id
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'dead_letter'
+    GROUP BY job.task_path, job.last_error_class
+) AS grp
+JOIN django_pgqueue_job AS sample ON sample.id = grp.newest_id
+ORDER BY grp.jobs DESC, grp.task_path, grp.last_error_class NULLS FIRST
+LIMIT %(limit)s
+
+
+-- name: partition_blocker
+-- The job holding up a pending job of a partition: the partition's running job, or else
+-- its oldest pending job older than this one. Nothing when the job is the head.
+-- Uses pgq_job_part_processing, then pgq_job_part_pending.
+(
+    SELECT job.id, job.status
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'processing'
+      AND job.partition_key = %(partition_key)s
+      AND job.id <> %(job_id)s
+    ORDER BY job.id
+    LIMIT 1
+)
+UNION ALL
+(
+    SELECT job.id, job.status
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'pending'
+      AND job.partition_key = %(partition_key)s
+      AND job.id < %(job_id)s
+    ORDER BY job.id
+    LIMIT 1
+)
+LIMIT 1
+
+
+-- name: partition_waiting
+-- The pending jobs of a partition waiting behind a job, oldest first: every other pending
+-- job of the partition when the job is running, the younger ones when it is pending.
+-- Uses pgq_job_part_pending.
+SELECT job.id
+FROM django_pgqueue_job AS job
+WHERE job.status = 'pending'
+  AND job.partition_key = %(partition_key)s
+  AND job.id <> %(job_id)s
+  AND (%(include_older)s OR job.id > %(job_id)s)
+ORDER BY job.id
+LIMIT %(limit)s
+
+
+-- name: jobs_in_flight
+-- Running jobs per worker (by claimed_by), and how many of their leases have expired.
+-- Uses pgq_job_lease.
+SELECT job.claimed_by AS worker_id, count(*) AS jobs,
+    count(*) FILTER (WHERE job.lease_expires_at < now()) AS expired
+FROM django_pgqueue_job AS job
+WHERE job.status = 'processing'
+  AND job.lease_expires_at IS NOT NULL
+  AND job.claimed_by = ANY (%(worker_ids)s::text[])
+GROUP BY job.claimed_by
