@@ -62,7 +62,7 @@ lint: venv
 
 .PHONY: docs
 docs: venv
-	$(BIN)/sphinx-build -W --keep-going -n -b html docs docs/_build/html
+	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
 
 .PHONY: demo
 demo: venv

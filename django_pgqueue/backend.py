@@ -164,10 +164,38 @@ class PgQueueBackend(BaseTaskBackend):
 
         self.validate_task(task)
         outcome = Job.objects.store(self.database).enqueue(self._spec(task, args, kwargs))
-        result = self._result(task, outcome.snapshot)
+        inserted = outcome.inserted
+        if inserted is None:
+            result = self._result(task, outcome.snapshot)
+        else:
+            # A new job: everything is known, no snapshot or history to decode.
+            result = self._new_result(task, outcome.id, inserted[0], args, kwargs)
         if outcome.created:
             task_enqueued.send(type(self), task_result=result)
         return result
+
+    def _new_result(
+        self,
+        task: Task,  # type: ignore[type-arg]
+        job_id: int,
+        created_at: Any,
+        args: Any,
+        kwargs: Any,
+    ) -> TaskResult:  # type: ignore[type-arg]
+        return TaskResult(
+            task=task,
+            id=str(job_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=created_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=list(args),
+            kwargs=dict(kwargs),
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
 
     def enqueue_many(
         self,

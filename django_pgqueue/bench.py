@@ -75,7 +75,7 @@ class BenchConfig:
 
     jobs: int = 20_000
     processes: int = 2
-    concurrency: int = 4
+    concurrency: int = 1
     batch_size: int = 500
     prefetch: int = 500
     repeat: int = 3
@@ -97,6 +97,10 @@ class BenchReport:
     config: dict[str, Any]
     server_version: str = ""
     single_enqueue_per_second: float = 0.0
+    single_enqueue_atomic_per_second: float = 0.0
+    #: The same connection committing one plain INSERT per transaction: the floor set
+    #: by the server's commit latency, which no enqueue can beat.
+    single_insert_floor_per_second: float = 0.0
     bulk_enqueue_per_second: list[float] = field(default_factory=list)
     drain_per_second: list[float] = field(default_factory=list)
     drain_wall_seconds: list[float] = field(default_factory=list)
@@ -130,7 +134,11 @@ class BenchReport:
             f"  {c['jobs']} jobs x {c['repeat']} runs; {c['processes']} processes x "
             f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}; "
             f"{c['prefill']} finished jobs already in the table",
-            f"  single enqueue (own transaction):  {self.single_enqueue_per_second:>10,.0f} jobs/s",
+            f"  single enqueue (autocommit):       {self.single_enqueue_per_second:>10,.0f} jobs/s",
+            f"  single enqueue (in atomic()):      "
+            f"{self.single_enqueue_atomic_per_second:>10,.0f} jobs/s",
+            f"  plain INSERT + COMMIT (the floor): "
+            f"{self.single_insert_floor_per_second:>10,.0f} rows/s",
             f"  bulk enqueue (enqueue_many):       {self.bulk_median:>10,.0f} jobs/s  "
             f"(runs: {', '.join(f'{v:,.0f}' for v in self.bulk_enqueue_per_second)})",
             f"  drain:                             {self.drain_median:>10,.0f} jobs/s  "
@@ -166,7 +174,9 @@ def run_benchmark(
             conn.execute(_PREFILL_SQL, {"queue": config.queue, "rows": config.prefill})
             conn.execute("VACUUM ANALYZE django_pgqueue_job")
         progress(f"single enqueues: {config.single_enqueues:,}")
-        report.single_enqueue_per_second = _single_enqueues(config)
+        report.single_insert_floor_per_second = _insert_floor(config)
+        report.single_enqueue_per_second = _single_enqueues(config, atomic=False)
+        report.single_enqueue_atomic_per_second = _single_enqueues(config, atomic=True)
         _delete_pending(conn, config)
         for run in range(config.repeat):
             progress(f"run {run + 1}/{config.repeat}: enqueue {config.jobs:,} jobs")
@@ -210,7 +220,12 @@ def _delete_pending(conn: Any, config: BenchConfig) -> None:
     )
 
 
-def _single_enqueues(config: BenchConfig) -> float:
+def _single_enqueues(config: BenchConfig, *, atomic: bool) -> float:
+    """Return ``task.enqueue()`` calls per second, each its own transaction.
+
+    In autocommit mode the INSERT is the transaction (one round trip); inside
+    ``transaction.atomic()`` there are three (BEGIN, INSERT, COMMIT).
+    """
     if not config.single_enqueues:
         return 0.0
     from .backend import PgQueueBackend
@@ -227,12 +242,41 @@ def _single_enqueues(config: BenchConfig) -> float:
     )
     bench_task = _in_queue(noop, config.queue)
     started = time.perf_counter()
-    for _ in range(config.single_enqueues):
-        with transaction.atomic(using=config.database):
+    if atomic:
+        for _ in range(config.single_enqueues):
+            with transaction.atomic(using=config.database):
+                backend.enqueue(bench_task, (), {})
+    else:
+        for _ in range(config.single_enqueues):
             backend.enqueue(bench_task, (), {})
     elapsed = time.perf_counter() - started
     connections[config.database].close()
     return config.single_enqueues / elapsed
+
+
+def _insert_floor(config: BenchConfig) -> float:
+    """Return single-row INSERTs per second, autocommit, on the Django connection."""
+    if not config.single_enqueues:
+        return 0.0
+    with connections[config.database].cursor() as cursor:
+        started = time.perf_counter()
+        for _ in range(config.single_enqueues):
+            cursor.execute(_FLOOR_INSERT, [config.queue])
+        elapsed = time.perf_counter() - started
+        cursor.execute(
+            "DELETE FROM django_pgqueue_job WHERE queue = %s AND task_path = 'floor'",
+            [config.queue],
+        )
+    return config.single_enqueues / elapsed
+
+
+_FLOOR_INSERT = """
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, available_at, created_at, errors
+)
+VALUES (%s, 'floor', '[]', '{}', 0, 'pending', 0, 1, 0, now(), now(), '[]')
+"""
 
 
 def _in_queue(bench_task: Task, queue: str) -> Task:  # type: ignore[type-arg]

@@ -82,12 +82,14 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
 )
 
 
+_DEFAULTS = {spec.name: spec.default for spec in SETTINGS}
+
+
 class Settings:
     """Typed, validated access to the ``PGQUEUE_*`` settings."""
 
     def _raw(self, name: str) -> object:
-        spec = next(spec for spec in SETTINGS if spec.name == name)
-        return getattr(settings, f"PGQUEUE_{name}", spec.default)
+        return getattr(settings, f"PGQUEUE_{name}", _DEFAULTS[name])
 
     def _int(self, name: str, *, minimum: int, maximum: int | None = None) -> int:
         value = self._raw(name)

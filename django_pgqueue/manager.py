@@ -162,6 +162,13 @@ class Enqueued:
         return self._id
 
     @property
+    def inserted(self) -> tuple[datetime, datetime] | None:
+        """Return ``(created_at, available_at)`` of a job this call inserted, else None."""
+        if self._pending is None:
+            return None
+        return self._pending[1], self._pending[2]
+
+    @property
     def snapshot(self) -> JobSnapshot:
         """Return the job as a plain value (built on first access for bulk inserts)."""
         if self._snapshot is None:
@@ -328,9 +335,10 @@ class DjangoRunner:
         """Execute ``query`` through a Django cursor (logged, wrapped, in the transaction)."""
         with connections[self._alias].cursor() as cursor:
             cursor.execute(query.text, params)
-            if cursor.description is None:
+            description = cursor.description  # built anew on each access: read it once
+            if description is None:
                 return Result((), [], cursor.rowcount)
-            columns = tuple(column.name for column in cursor.description)
+            columns = tuple(column.name for column in description)
             return Result(columns, cursor.fetchall(), cursor.rowcount)
 
 
@@ -350,9 +358,10 @@ class PsycopgRunner:
         """Execute ``query`` with server-side binding (prepared after a few uses)."""
         with self.connection.cursor() as cursor:
             cursor.execute(query.text, params)
-            if cursor.description is None:
+            description = cursor.description  # built anew on each access: read it once
+            if description is None:
                 return Result((), [], cursor.rowcount)
-            columns = tuple(column.name for column in cursor.description)
+            columns = tuple(column.name for column in description)
             return Result(columns, cursor.fetchall(), cursor.rowcount)
 
 
@@ -476,15 +485,20 @@ class QueueStore:
         subclass, before touching the database, for any invalid field.
         """
         params = _validated(spec, _Defaults.read())
-        params["channel"] = conf.NOTIFY_CHANNEL
+        channel = conf.NOTIFY_CHANNEL
         if params["idempotency_key"] is None:
-            del params["idempotency_key"]
-            rows = self._run("enqueue", **params).dicts()
-        else:
-            rows = self._run("enqueue_idempotent", **params).dicts()
-        if rows:
+            # The common cases get plain INSERT statements (see sql/enqueue.sql).
+            unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
+            if params["available_at"] is None:
+                del unkeyed["available_at"]
+                row = self._run("enqueue", channel=channel, **unkeyed).rows[0]
+            else:
+                row = self._run("enqueue_at", channel=channel, **unkeyed).rows[0]
+            return Enqueued(None, True, self.runner.alias, pending=(row[0], row[1], row[2], params))
+        found = self._run("enqueue_idempotent", channel=channel, **params).dicts()
+        if found:
             return Enqueued(
-                JobSnapshot.from_row(rows[0]), bool(rows[0]["created"]), self.runner.alias
+                JobSnapshot.from_row(found[0]), bool(found[0]["created"]), self.runner.alias
             )
         # The key's holder committed after this statement's snapshot began: read it now.
         assert spec.idempotency_key is not None

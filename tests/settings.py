@@ -54,6 +54,9 @@ STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {"default": django_database(database_url())}
+if _os.environ.get("PGQUEUE_TEST_PREPARED_STATEMENTS"):
+    # Django's opt-in to server-side binding and prepared statements (queuebench runs).
+    DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 2}
 
 TASKS = {
     "default": {
@@ -71,6 +74,6 @@ PGQUEUE_RETRY_MAX_SECONDS = 1.0
 _env_overrides = {
     key: _json.loads(value)
     for key, value in _os.environ.items()
-    if key.startswith("PGQUEUE_") and key != "PGQUEUE_TEST_DBNAME"
+    if key.startswith("PGQUEUE_") and not key.startswith("PGQUEUE_TEST_")
 }
 globals().update(_env_overrides)

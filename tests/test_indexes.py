@@ -131,7 +131,9 @@ def test_every_job_table_statement_is_covered():
         and ("django_pgqueue_job " in query.text or "django_pgqueue_job\n" in query.text)
     }
     # The enqueue statements insert rows: nothing to scan but the conflict check.
-    assert writes_jobs - {"enqueue", "enqueue_idempotent", "enqueue_many"} == set(PARAMS)
+    assert writes_jobs - {"enqueue", "enqueue_at", "enqueue_idempotent", "enqueue_many"} == set(
+        PARAMS
+    )
 
 
 def _walk(plan: dict[str, Any]):

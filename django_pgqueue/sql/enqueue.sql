@@ -7,7 +7,26 @@
 
 
 -- name: enqueue
--- Insert one job without an idempotency key and wake the queue's workers.
+-- Insert one job, ready now and without an idempotency key (the common case), and wake
+-- the queue's workers. pg_notify in RETURNING rather than in a CTE: the statement is a
+-- plain INSERT, which plans and runs measurably faster. Returns only what the caller
+-- does not know yet.
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, available_at, created_at, errors, idempotency_key,
+    partition_key, partition_bucket
+)
+VALUES (
+    %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
+    'pending', 0, %(max_attempts)s, 0, now(), now(), '[]'::jsonb, NULL,
+    %(partition_key)s, %(partition_bucket)s
+)
+RETURNING id, created_at, available_at, pg_notify(%(channel)s, queue)::text AS notified
+
+
+-- name: enqueue_at
+-- Insert one job that becomes available at a given time, without an idempotency key;
+-- workers are woken only if that time has already come.
 WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
@@ -16,17 +35,18 @@ WITH inserted AS (
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
-        'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
-        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s
+        'pending', 0, %(max_attempts)s, 0, %(available_at)s::timestamptz, now(),
+        '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s
     )
-    RETURNING *
+    RETURNING id, created_at, available_at, queue
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, inserted.queue)
     FROM inserted
     WHERE inserted.available_at <= now()
 )
-SELECT inserted.*, true AS created, (SELECT count(*) FROM woken) AS notified
+SELECT inserted.id, inserted.created_at, inserted.available_at,
+    (SELECT count(*) FROM woken)::text AS notified
 FROM inserted
 
 

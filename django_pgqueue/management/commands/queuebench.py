@@ -24,7 +24,12 @@ class Command(BaseCommand):
             "--repeat", type=int, default=3, help="Drain runs; the median is reported (3)."
         )
         parser.add_argument("--processes", type=int, default=2, help="Worker processes (2).")
-        parser.add_argument("--concurrency", type=int, default=4, help="Threads per worker (4).")
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=1,
+            help="Threads per worker (1: best for no-op jobs).",
+        )
         parser.add_argument(
             "--batch-size", type=int, default=500, help="Most jobs per claim (500)."
         )
