@@ -8,7 +8,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "docs.settings")
+
+import django  # noqa: E402 - after the path and settings are set up
+
+django.setup()
 
 project = "django-pgqueue"
 author = "django-pgqueue maintainers"
@@ -19,6 +24,7 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.intersphinx",
     "sphinx.ext.viewcode",
+    "pgqueue_docs",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_enable_extensions = ["colon_fence", "deflist", "fieldlist"]
