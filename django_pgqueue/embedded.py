@@ -25,9 +25,16 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
-__all__ = ["EmbeddedPostgres", "EmbeddedPostgresError", "find_bindir"]
+__all__ = [
+    "EmbeddedPostgres",
+    "EmbeddedPostgresError",
+    "database_settings",
+    "find_bindir",
+    "with_dbname",
+]
 
 # initdb and postgres refuse to run as root; when we are root they run as this user.
 SERVICE_USER = "pgserver"
@@ -271,6 +278,32 @@ class EmbeddedPostgres:
             if time.monotonic() > deadline:
                 raise EmbeddedPostgresError(f"server in {self.datadir} did not become ready")
             time.sleep(0.05)
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    """Return the libpq URL ``url`` pointing at another database on the same server."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    params["dbname"] = dbname
+    return make_conninfo("", **params)
+
+
+def database_settings(url: str, **extra: Any) -> dict[str, Any]:
+    """Return a Django ``DATABASES`` entry for the libpq URL ``url`` (plus ``extra`` keys)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": params.get("dbname", "postgres"),
+        "USER": params.get("user", "postgres"),
+        "PASSWORD": params.get("password", ""),
+        "HOST": params.get("host", ""),
+        "PORT": params.get("port", ""),
+        "CONN_MAX_AGE": 0,
+        **extra,
+    }
 
 
 def _open_parents(path: Path) -> None:

@@ -476,6 +476,20 @@ class QueueStore:
     def _run(self, name: str, **params: Any) -> Result:
         return self.runner.run(QUERIES[name], params)
 
+    def _run_fenced(self, name: str, lease: Lease, **params: Any) -> tuple[Any, ...]:
+        """Run a single-job ``_if_leased`` statement; return its row or raise LeaseLost."""
+        rows = self._run(
+            name,
+            job_id=lease.job_id,
+            lease_generation=lease.lease_generation,
+            worker_id=lease.worker_id,
+            **params,
+        ).rows
+        if not rows:
+            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+        row: tuple[Any, ...] = rows[0]
+        return row
+
     # ------------------------------------------------------------------ producers
     def enqueue(self, spec: JobSpec) -> Enqueued:
         """Insert one job, or return the existing one holding its idempotency key.
@@ -653,16 +667,7 @@ class QueueStore:
         the handler's connection inside its transaction, this makes the handler's writes
         and the completion commit or roll back together.
         """
-        rows = self._run(
-            "complete_if_leased",
-            job_id=lease.job_id,
-            lease_generation=lease.lease_generation,
-            worker_id=lease.worker_id,
-            result=result_json,
-        ).rows
-        if not rows:
-            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
-        finished_at: datetime = rows[0][1]
+        finished_at: datetime = self._run_fenced("complete_if_leased", lease, result=result_json)[1]
         return finished_at
 
     def complete_many_if_leased(
@@ -696,20 +701,15 @@ class QueueStore:
         Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held.
         """
         policy = policy or RetryPolicy.from_settings()
-        rows = self._run(
+        job_id, status, available_at, attempts, max_attempts = self._run_fenced(
             "fail_if_leased",
-            job_id=lease.job_id,
-            lease_generation=lease.lease_generation,
-            worker_id=lease.worker_id,
+            lease,
             permanent=failure.permanent,
             error_class=failure.exception_class,
             message=failure.message,
             traceback=failure.traceback,
             **policy.sql_params(),
-        ).rows
-        if not rows:
-            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
-        job_id, status, available_at, attempts, max_attempts = rows[0]
+        )
         return FailOutcome(job_id, JobStatus(status), available_at, attempts, max_attempts)
 
     def extend_lease_if_leased(self, lease: Lease, lease_seconds: float) -> datetime:
@@ -717,16 +717,9 @@ class QueueStore:
 
         Raises :class:`LeaseLost` if the lease is no longer held.
         """
-        rows = self._run(
-            "extend_lease_if_leased",
-            job_id=lease.job_id,
-            lease_generation=lease.lease_generation,
-            worker_id=lease.worker_id,
-            lease_seconds=lease_seconds,
-        ).rows
-        if not rows:
-            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
-        expires_at: datetime = rows[0][1]
+        expires_at: datetime = self._run_fenced(
+            "extend_lease_if_leased", lease, lease_seconds=lease_seconds
+        )[1]
         return expires_at
 
     def extend_leases_if_leased(
@@ -751,18 +744,13 @@ class QueueStore:
         The lease generation is bumped, so a late completion by this worker is fenced.
         Raises :class:`LeaseLost` if the lease is no longer held.
         """
-        rows = self._run(
+        available_at: datetime = self._run_fenced(
             "release_if_leased",
-            job_id=lease.job_id,
-            lease_generation=lease.lease_generation,
-            worker_id=lease.worker_id,
+            lease,
             delay_seconds=delay_seconds,
             reason=reason,
             channel=conf.NOTIFY_CHANNEL,
-        ).rows
-        if not rows:
-            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
-        available_at: datetime = rows[0][1]
+        )[1]
         return available_at
 
     def release_many_if_leased(
@@ -784,15 +772,7 @@ class QueueStore:
         """Record the job's progress marker; raise :class:`LeaseLost` if not held."""
         if step is not None and (not isinstance(step, str) or "\x00" in step):
             raise InvalidOption("step", "must be a string without NUL characters, or None")
-        rows = self._run(
-            "set_step_if_leased",
-            job_id=lease.job_id,
-            lease_generation=lease.lease_generation,
-            worker_id=lease.worker_id,
-            step=step,
-        ).rows
-        if not rows:
-            raise LeaseLost(lease.job_id, lease.lease_generation, lease.worker_id)
+        self._run_fenced("set_step_if_leased", lease, step=step)
 
     # ------------------------------------------------------------------ maintenance
     def try_housekeeping_lock(self) -> bool:

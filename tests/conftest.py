@@ -15,9 +15,9 @@ import pytest
 from django.db import connection
 from psycopg.conninfo import make_conninfo
 
+from django_pgqueue.embedded import with_dbname
 from django_pgqueue.manager import PsycopgRunner, QueueStore
 from django_pgqueue.pgconn import connect
-from tests.database import with_dbname
 from tests.workers import WorkerProcess
 
 

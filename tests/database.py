@@ -11,9 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
-
-from django_pgqueue.embedded import EmbeddedPostgres
+from django_pgqueue.embedded import EmbeddedPostgres, database_settings
 
 REPO = Path(__file__).resolve().parent.parent
 EMBEDDED_ROOT = REPO / ".pgdata"
@@ -40,23 +38,6 @@ def database_url() -> str:
     return embedded_server().url("postgres")
 
 
-def with_dbname(url: str, dbname: str) -> str:
-    """Return ``url`` pointing at another database on the same server."""
-    params = conninfo_to_dict(url)
-    params["dbname"] = dbname
-    return make_conninfo("", **params)
-
-
 def django_database(url: str) -> dict[str, Any]:
-    """Translate a libpq URL into a Django ``DATABASES`` entry."""
-    params = conninfo_to_dict(url)
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": params.get("dbname", "postgres"),
-        "USER": params.get("user", "postgres"),
-        "PASSWORD": params.get("password", ""),
-        "HOST": params.get("host", ""),
-        "PORT": params.get("port", ""),
-        "CONN_MAX_AGE": 0,
-        "TEST": {"NAME": os.environ.get("PGQUEUE_TEST_DBNAME") or None},
-    }
+    """Translate a libpq URL into the test project's ``DATABASES`` entry."""
+    return database_settings(url, TEST={"NAME": os.environ.get("PGQUEUE_TEST_DBNAME") or None})

@@ -24,7 +24,8 @@ from urllib.request import HTTPCookieProcessor, OpenerDirector, build_opener
 import psycopg
 import pytest
 
-from tests.database import REPO, database_url, with_dbname
+from django_pgqueue.embedded import with_dbname
+from tests.database import REPO, database_url
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,8 +17,9 @@ import psycopg
 import pytest
 from django.db import connections
 
+from django_pgqueue.embedded import with_dbname
 from django_pgqueue.manager import JobSpec, PsycopgRunner, QueueStore
-from tests.database import REPO, embedded_server, with_dbname
+from tests.database import REPO, embedded_server
 from tests.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.timeout(240)

@@ -256,6 +256,38 @@ class JobRunner:
             if isinstance(response, Exception):
                 logger.error("task_finished receiver %r raised", receiver, exc_info=response)
 
+    def _failed(
+        self,
+        flight: InFlight,
+        task_result: TaskResult,  # type: ignore[type-arg]
+        raised: Exception,
+        args: list[Any],
+        started: float,
+    ) -> Outcome:
+        """Report a failed attempt; call it inside the ``except`` block (for exc_info)."""
+        error = self._explain(raised, flight, args)
+        self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
+        return Outcome(
+            flight,
+            OutcomeKind.FAILED,
+            failure=failure_from(error),
+            duration=time.monotonic() - started,
+        )
+
+    def _succeeded(
+        self,
+        flight: InFlight,
+        task_result: TaskResult,  # type: ignore[type-arg]
+        value: Any,
+        result_json: str,
+        started: float,
+        *,
+        kind: OutcomeKind = OutcomeKind.SUCCEEDED,
+    ) -> Outcome:
+        """Report a successful attempt."""
+        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
+        return Outcome(flight, kind, result_json, duration=time.monotonic() - started)
+
     # ------------------------------------------------------------------ sync tasks
     def run_sync(self, flight: InFlight) -> Outcome:
         """Run a sync task in this thread and return its outcome."""
@@ -276,18 +308,8 @@ class JobRunner:
             value = entry.func(*args, **job.kwargs)
             result_json = encode_result(value)
         except Exception as raised:
-            error = self._explain(raised, flight, args)
-            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
-            return Outcome(
-                flight,
-                OutcomeKind.FAILED,
-                failure=failure_from(error),
-                duration=time.monotonic() - started,
-            )
-        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
-        return Outcome(
-            flight, OutcomeKind.SUCCEEDED, result_json, duration=time.monotonic() - started
-        )
+            return self._failed(flight, task_result, raised, args, started)
+        return self._succeeded(flight, task_result, value, result_json, started)
 
     def _run_atomic(
         self,
@@ -314,17 +336,9 @@ class JobRunner:
             self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
             return Outcome(flight, OutcomeKind.LOST, duration=time.monotonic() - started)
         except Exception as raised:
-            failed = self._explain(raised, flight, args)
-            self._finish_signal(task_result, TaskResultStatus.FAILED, error=failed)
-            return Outcome(
-                flight,
-                OutcomeKind.FAILED,
-                failure=failure_from(failed),
-                duration=time.monotonic() - started,
-            )
-        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
-        return Outcome(
-            flight, OutcomeKind.COMMITTED, result_json, duration=time.monotonic() - started
+            return self._failed(flight, task_result, raised, args, started)
+        return self._succeeded(
+            flight, task_result, value, result_json, started, kind=OutcomeKind.COMMITTED
         )
 
     # ------------------------------------------------------------------ async tasks
@@ -356,15 +370,6 @@ class JobRunner:
             result_json = encode_result(value)
         except asyncio.CancelledError:
             raise
-        except Exception as error:
-            self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
-            return Outcome(
-                flight,
-                OutcomeKind.FAILED,
-                failure=failure_from(error),
-                duration=time.monotonic() - started,
-            )
-        self._finish_signal(task_result, TaskResultStatus.SUCCESSFUL, value=value)
-        return Outcome(
-            flight, OutcomeKind.SUCCEEDED, result_json, duration=time.monotonic() - started
-        )
+        except Exception as raised:
+            return self._failed(flight, task_result, raised, args, started)
+        return self._succeeded(flight, task_result, value, result_json, started)

@@ -77,14 +77,6 @@ def describe(url: str) -> str:
 
 def django_database(url: str) -> dict[str, Any]:
     """Translate a libpq URL (or ``key=value`` string) into a ``DATABASES`` entry."""
-    params = conninfo_to_dict(url)
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": params.get("dbname", "postgres"),
-        "USER": params.get("user", "postgres"),
-        "PASSWORD": params.get("password", ""),
-        "HOST": params.get("host", ""),
-        "PORT": params.get("port", ""),
-        # Workers keep their own connections; web requests need no persistent ones here.
-        "CONN_MAX_AGE": 0,
-    }
+    from django_pgqueue.embedded import database_settings
+
+    return database_settings(url)
