@@ -30,6 +30,7 @@ help:
 	@echo "make lint     ruff, mypy (strict), manage.py check, makemigrations --check"
 	@echo "make docs     build the documentation (warnings are errors)"
 	@echo "make bench    run the queuebench benchmark"
+	@echo "make screenshots  refresh the admin screenshots of the docs (headless Chromium)"
 	@echo "make clean    remove the virtualenv, the embedded database and build output"
 
 $(STAMP): pyproject.toml
@@ -59,6 +60,10 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/python -m tests.manage check --fail-level WARNING
 	$(BIN)/python -m tests.manage makemigrations --check --dry-run django_pgqueue
+
+.PHONY: screenshots
+screenshots: venv browser
+	PGQUEUE_SCREENSHOTS=docs/_static/admin $(BIN)/python -m pytest tests/test_admin_browser.py
 
 .PHONY: docs
 docs: venv

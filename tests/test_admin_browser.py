@@ -1,12 +1,14 @@
 """End to end in a real headless Chromium: log in, visit every admin page, retry a dead
 letter through the action and its confirmation, and see a real worker run it.
 
-Screenshots of the pages, taken on realistic data, go to docs/_static/admin/ for the
-documentation. Debian's chromium and chromedriver are used; nothing is downloaded.
+Screenshots of the pages are taken on realistic data; `make screenshots` (which sets
+PGQUEUE_SCREENSHOTS) saves them to docs/_static/admin/ for the documentation. Debian's
+chromium and chromedriver are used; nothing is downloaded.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -18,12 +20,17 @@ from django.contrib.auth.models import User
 
 from django_pgqueue.manager import Failure, JobSpec
 from tests.admin_seed import seed
-from tests.database import REPO
 from tests.workers import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
-SCREENSHOTS = REPO / "docs" / "_static" / "admin"
+# `make screenshots` refreshes the documentation's images; otherwise they go to a
+# temporary folder, so a test run does not rewrite tracked files.
+SCREENSHOTS = (
+    Path(os.environ["PGQUEUE_SCREENSHOTS"])
+    if os.environ.get("PGQUEUE_SCREENSHOTS")
+    else Path(tempfile.gettempdir()) / "django-pgqueue-screenshots"
+)
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WIDTH = 1440
@@ -62,7 +69,7 @@ def browser() -> Iterator[Any]:
 
 
 def _screenshot(driver: Any, name: str) -> None:
-    """Save the whole page (up to 2,000 pixels high) as docs/_static/admin/<name>.png."""
+    """Save the whole page (up to 2,000 pixels high) as <SCREENSHOTS>/<name>.png."""
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(WIDTH, min(max(height, 700), 2000))
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
