@@ -116,10 +116,8 @@ EXPECTED_INDEXES = {
     # The ids, through the primary key or the index of dead and cancelled jobs.
     "retry_jobs": {"pgq_job_revivable", *PRIMARY_KEY},
     "select_by_idempotency_keys": {"pgq_job_idempotency_key"},
-    # Ids or "pending and scheduled": either finds the few rows.
-    "run_jobs_now": {"pgq_job_pending", *PRIMARY_KEY},
 }
-ANY_OF = {"prune_dead_letters", "run_jobs_now", "retry_jobs"}
+ANY_OF = {"prune_dead_letters", "retry_jobs"}
 
 
 def test_every_job_table_statement_is_covered():

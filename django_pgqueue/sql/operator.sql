@@ -43,12 +43,15 @@ FROM retried
 
 -- name: run_jobs_now
 -- Make scheduled or backing-off pending jobs ready now.
+-- The rows must be found by id, through the primary key. A plain "available_at > now()"
+-- would let the planner prefer an index on available_at instead (the pending index, or a
+-- BRIN scan of every block range holding a scheduled job), which on a big backlog reads
+-- far more than a thousand ids; COALESCE hides the column from index matching.
 WITH target AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
     WHERE job.id = ANY (%(job_ids)s::bigint[])
       AND job.status = 'pending'
-      AND job.available_at > now()
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
 ),
@@ -57,6 +60,7 @@ readied AS (
     SET available_at = now()
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'pending'
+      AND COALESCE(job.available_at, now()) > now()
     RETURNING job.id, job.queue
 ),
 woken AS (
