@@ -3,6 +3,8 @@
 Public names only; models live in ``django_pgqueue.models`` (import them after setup).
 """
 
+from typing import TYPE_CHECKING
+
 from .exceptions import (
     EnqueueError,
     InvalidArguments,
@@ -17,6 +19,10 @@ from .exceptions import (
     UnknownTask,
 )
 from .states import JobStatus, WorkerStatus
+
+if TYPE_CHECKING:
+    # Type checkers see the real decorator; at run time __getattr__ imports it lazily.
+    from .decorators import task
 
 __version__ = "0.1.0.dev0"
 

@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_TASK_PRIORITY",
     "DEFAULT_TASK_QUEUE_NAME",
     "TASKS_LOGGER_NAME",
+    "TASK_DECORATOR_TAKES_OPTIONS",
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
     "BaseTaskBackend",
@@ -34,6 +35,10 @@ __all__ = [
 
 #: True when Django itself provides ``django.tasks`` (6.0 and later).
 NATIVE_TASKS = django.VERSION >= (6, 0)
+#: True when ``@task(max_attempts=...)`` reaches the backend's task class. Django 6.1 and
+#: the 5.2 backport pass unknown keyword arguments on; Django 6.0's decorator accepts only
+#: its own parameters, so there ``django_pgqueue.task`` is the way to set our options.
+TASK_DECORATOR_TAKES_OPTIONS = not ((6, 0) <= django.VERSION < (6, 1))
 #: The logger Django's own task signal receivers write to.
 TASKS_LOGGER_NAME = "django.tasks" if NATIVE_TASKS else "django_tasks"
 

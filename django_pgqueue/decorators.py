@@ -74,6 +74,7 @@ def task(
             queue_name=queue_name,
             backend=backend,
             takes_context=takes_context,
+            run_after=None,  # Django 6.0's Task has no default for it
             max_attempts=max_attempts,
             timeout=timeout,
             atomic=atomic,

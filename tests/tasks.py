@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from django_pgqueue.compat import task
+from django_pgqueue import compat
+from django_pgqueue import task as pgqueue_task
+
+# Django's own decorator where it passes our options on (the way the README writes
+# tasks); on Django 6.0, whose decorator rejects them, the package's own.
+task: Any = compat.task if compat.TASK_DECORATOR_TAKES_OPTIONS else pgqueue_task
 
 
 @task
@@ -182,9 +187,6 @@ def signal_probe(value: int) -> int:
 
 
 # ---------------------------------------------------------------- the typed decorator
-from django_pgqueue import task as pgqueue_task  # noqa: E402
-
-
 @pgqueue_task(queue_name="reports", max_attempts=2, timeout=30.0, partition_key="reports")
 def typed_report(name: str) -> str:
     """Declared with django_pgqueue.task."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import math
@@ -161,7 +162,5 @@ def test_bad_task_options_raise_at_using_time(options, option):
 
 def test_async_tasks_cannot_be_atomic():
     with pytest.raises(InvalidOption) as caught:
-        tasks.async_add.using(max_attempts=2).__class__(
-            func=tasks.async_add.func, atomic=True, queue_name="default"
-        )
+        dataclasses.replace(tasks.async_add, atomic=True)
     assert caught.value.option == "atomic"

@@ -28,6 +28,9 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from django.utils import timezone
 
+# django_pgqueue.task is Django's @task with the queue's options spelled out: typed, and
+# the same on every supported Django (6.0's own decorator rejects options like max_attempts).
+from django_pgqueue import task
 from django_pgqueue.context import JobContext
 from django_pgqueue.exceptions import PermanentError
 from orders.models import (
@@ -41,11 +44,6 @@ from orders.models import (
     SentEmail,
     Statement,
 )
-
-try:
-    from django.tasks import task
-except ImportError:  # Django 5.2 LTS: the django-tasks backport has the same API
-    from django_tasks import task  # type: ignore[no-redef]
 
 logger = logging.getLogger("orders")
 
