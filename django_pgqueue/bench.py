@@ -8,27 +8,42 @@ Every phase uses the real code paths: ``task.enqueue()`` through the Django back
 
 from __future__ import annotations
 
+import inspect
 import json
 import multiprocessing
 import os
 import signal
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from django.db import connections, transaction
 
-from .compat import Task, task_backends
+from .backend import PgQueueBackend, resolve_task
+from .compat import InvalidTask, Task, task_backends
+from .conf import conf
+from .decorators import task as pgqueue_task
+from .exceptions import InvalidArguments
 from .manager import JobSpec, PsycopgRunner, QueueStore
+from .payload import encode_arguments
 from .pgconn import connect
 from .worker.options import WorkerOptions, default_worker_id
 
-__all__ = ["BenchConfig", "BenchReport", "latency_probe", "noop", "run_benchmark"]
+__all__ = [
+    "BenchConfig",
+    "BenchReport",
+    "BenchmarkError",
+    "bench_task",
+    "latency_probe",
+    "noop",
+    "run_benchmark",
+]
 
 BENCH_QUEUE = "queuebench"
+NOOP_PATH = "django_pgqueue.bench.noop"
 _PREFILL_SQL = """
 INSERT INTO django_pgqueue_job (
     queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
@@ -42,6 +57,10 @@ FROM generate_series(1, %(rows)s)
 """
 
 
+class BenchmarkError(RuntimeError):
+    """A benchmark run could not produce its figures (jobs failed, workers died...)."""
+
+
 def _noop() -> None:
     """Do nothing: measures the queue, not the work."""
 
@@ -52,15 +71,37 @@ def _latency_probe() -> float:
 
 
 def _bench_task(func: Callable[..., Any]) -> Task:  # type: ignore[type-arg]
-    from .backend import PgQueueTask
-
     backend = task_backends["default"]
     queue = (
         "default"
         if "default" in backend.queues or not backend.queues
         else sorted(backend.queues)[0]
     )
-    return PgQueueTask(func=func, queue_name=queue, max_attempts=1)
+    return pgqueue_task(queue_name=queue, max_attempts=1)(func)
+
+
+def bench_task(
+    task_path: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+) -> Task:  # type: ignore[type-arg]
+    """Return the task ``queuebench --task`` names, checked before anything is written.
+
+    Raises :class:`UnknownTask` if the path is not a task, ``InvalidTask`` if the task's
+    backend is not a ``PgQueueBackend``, and :class:`InvalidArguments` if the arguments
+    are not plain JSON or do not fit the task's signature.
+    """
+    task = noop if task_path == NOOP_PATH else resolve_task(task_path)
+    if not isinstance(task_backends[task.backend], PgQueueBackend):
+        raise InvalidTask(f"{task_path} runs on TASKS[{task.backend!r}], not a PgQueueBackend")
+    kwargs = {} if kwargs is None else kwargs
+    encode_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES)
+    leading = (None,) if task.takes_context else ()
+    try:
+        inspect.signature(task.func).bind(*leading, *args, **kwargs)
+    except TypeError as mismatch:
+        raise InvalidArguments(
+            "args", f"do not match {task_path}{inspect.signature(task.func)}: {mismatch}"
+        ) from mismatch
+    return task
 
 
 #: A no-op task (the queue's own cost, nothing else).
@@ -85,7 +126,11 @@ class BenchConfig:
     latency_rate: float = 20.0
     memory_jobs: int = 0
     queue: str = BENCH_QUEUE
-    task_path: str = "django_pgqueue.bench.noop"
+    #: The task every benchmark job runs (checked with :func:`bench_task`), and its
+    #: arguments; it runs in the benchmark queue, whatever its own queue is.
+    task_path: str = NOOP_PATH
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
     database: str = "default"
     keep: bool = False
 
@@ -134,6 +179,12 @@ class BenchReport:
             f"  {c['jobs']} jobs x {c['repeat']} runs; {c['processes']} processes x "
             f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}; "
             f"{c['prefill']} finished jobs already in the table",
+            f"  task: {c['task_path']}"
+            + (
+                f" with args {c['args']!r} kwargs {c['kwargs']!r}"
+                if c["args"] or c["kwargs"]
+                else ""
+            ),
             f"  single enqueue (autocommit):       {self.single_enqueue_per_second:>10,.0f} jobs/s",
             f"  single enqueue (in atomic()):      "
             f"{self.single_enqueue_atomic_per_second:>10,.0f} jobs/s",
@@ -228,11 +279,12 @@ def _single_enqueues(config: BenchConfig, *, atomic: bool) -> float:
     """
     if not config.single_enqueues:
         return 0.0
-    from .backend import PgQueueBackend
-
-    # The backend's own enqueue path, on a copy of the backend that also serves the
-    # benchmark queue (which the project's QUEUES does not list).
-    configured = task_backends["default"]
+    task = _in_queue(
+        noop if config.task_path == NOOP_PATH else resolve_task(config.task_path), config.queue
+    )
+    # The backend's own enqueue path, on a copy of the task's backend that also serves
+    # the benchmark queue (which the project's QUEUES does not list).
+    configured = task_backends[task.backend]
     backend = PgQueueBackend(
         configured.alias,
         {
@@ -240,15 +292,14 @@ def _single_enqueues(config: BenchConfig, *, atomic: bool) -> float:
             "OPTIONS": {**configured.options, "DATABASE": config.database},
         },
     )
-    bench_task = _in_queue(noop, config.queue)
     started = time.perf_counter()
     if atomic:
         for _ in range(config.single_enqueues):
             with transaction.atomic(using=config.database):
-                backend.enqueue(bench_task, (), {})
+                backend.enqueue(task, config.args, config.kwargs)
     else:
         for _ in range(config.single_enqueues):
-            backend.enqueue(bench_task, (), {})
+            backend.enqueue(task, config.args, config.kwargs)
     elapsed = time.perf_counter() - started
     connections[config.database].close()
     return config.single_enqueues / elapsed
@@ -293,7 +344,14 @@ def _bulk_enqueue(config: BenchConfig, count: int) -> tuple[int, float]:
     store = QueueStore(runner)
     try:
         specs = [
-            JobSpec(config.task_path, queue=config.queue, max_attempts=1) for _ in range(count)
+            JobSpec(
+                config.task_path,
+                queue=config.queue,
+                args=config.args,
+                kwargs=config.kwargs,
+                max_attempts=1,
+            )
+            for _ in range(count)
         ]
         started = time.perf_counter()
         first_id = None
@@ -317,7 +375,11 @@ def _drain_rate(conn: Any, config: BenchConfig, first_id: int) -> float:
     assert row is not None
     done, seconds = row
     if done != config.jobs:
-        raise RuntimeError(f"only {done} of {config.jobs} benchmark jobs succeeded")
+        failed = config.jobs - done
+        raise BenchmarkError(
+            f"only {done} of {config.jobs} benchmark jobs succeeded ({failed} did not; "
+            f"their errors are kept with --keep)"
+        )
     return float(done) / max(float(seconds), 1e-6)
 
 
@@ -362,7 +424,7 @@ def _run_workers(config: BenchConfig, *, burst: bool) -> None:
     for child in children:
         child.join()
         if child.exitcode != 0:
-            raise RuntimeError(f"a benchmark worker exited with {child.exitcode}")
+            raise BenchmarkError(f"a benchmark worker exited with {child.exitcode}")
 
 
 def _stop(children: Sequence[BaseProcess]) -> None:
@@ -389,11 +451,13 @@ def _wait_registered(conn: Any, config: BenchConfig, count: int) -> None:
         if alive >= count and listening >= count:
             return
         time.sleep(0.05)
-    raise RuntimeError("benchmark workers did not start")
+    raise BenchmarkError("benchmark workers did not start")
 
 
 def _latency(config: BenchConfig) -> dict[str, float]:
-    latency_config = replace(config, task_path="django_pgqueue.bench.latency_probe")
+    latency_config = replace(
+        config, task_path="django_pgqueue.bench.latency_probe", args=(), kwargs={}
+    )
     children = _fork_workers(_worker_options(latency_config, burst=False), 1)
     conn = connect(config.database, prepare=False)
     store = QueueStore(PsycopgRunner(conn, config.database))
@@ -436,7 +500,7 @@ def _latency(config: BenchConfig) -> dict[str, float]:
         for job_id, result in rows
     )
     if not samples:
-        raise RuntimeError("no latency samples were collected")
+        raise BenchmarkError("no latency samples were collected")
 
     def pct(p: float) -> float:
         return samples[min(len(samples) - 1, round(p / 100 * (len(samples) - 1)))]
@@ -481,7 +545,7 @@ def _memory(config: BenchConfig) -> dict[str, float]:
                 [config.queue],
             )
             samples.append((config.memory_jobs - remaining, rss))
-            time.sleep(0.5)
+            time.sleep(0.1)
         child.join()
     finally:
         _stop(children)
@@ -489,6 +553,6 @@ def _memory(config: BenchConfig) -> dict[str, float]:
     # From 10% on (imports, caches and pools are warm), until the worker stops.
     steady = [rss for done, rss in samples if done >= config.memory_jobs * 0.1]
     if len(steady) < 2:
-        raise RuntimeError("the memory run was too short to sample; use more --memory-jobs")
+        raise BenchmarkError("the memory run was too short to sample; use more --memory-jobs")
     first, last = steady[0], steady[-1]
     return {"first": first, "last": last, "growth_percent": (last - first) / first * 100}

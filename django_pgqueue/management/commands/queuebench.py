@@ -2,24 +2,44 @@
 
 from __future__ import annotations
 
+import json
 from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...bench import BenchConfig, run_benchmark
+from ...bench import NOOP_PATH, BenchConfig, BenchmarkError, bench_task, run_benchmark
+from ...compat import InvalidTask
 
 
 class Command(BaseCommand):
     help = (
-        "Benchmark django-pgqueue on this project's database: enqueue no-op jobs, drain them "
-        "with worker processes, and report throughput, enqueue rates and wake-up latency. "
-        "Benchmark jobs use their own queue and are deleted afterwards."
+        "Benchmark django-pgqueue on this project's database: enqueue no-op jobs (or jobs of "
+        "a given task), drain them with worker processes, and report throughput, enqueue "
+        "rates and wake-up latency. Benchmark jobs use their own queue and are deleted "
+        "afterwards."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         """Declare the options."""
         parser.add_argument("--jobs", type=int, default=20_000, help="Jobs per drain run (20000).")
+        parser.add_argument(
+            "--task",
+            default=NOOP_PATH,
+            help="Dotted path of the task every job runs (a no-op task by default).",
+        )
+        parser.add_argument(
+            "--args",
+            dest="task_args",
+            default="[]",
+            help="The task's positional arguments, a JSON list ([]).",
+        )
+        parser.add_argument(
+            "--kwargs",
+            dest="task_kwargs",
+            default="{}",
+            help="The task's keyword arguments, a JSON object ({}).",
+        )
         parser.add_argument(
             "--repeat", type=int, default=3, help="Drain runs; the median is reported (3)."
         )
@@ -79,6 +99,13 @@ class Command(BaseCommand):
                 raise CommandError(f"--{name.replace('_', '-')} must be 0 or more", returncode=2)
         if options["latency_rate"] <= 0:
             raise CommandError("--latency-rate must be positive", returncode=2)
+        # Django's own ``args``/``kwargs`` are the command's; ours have their own names.
+        args = _json_option(options["task_args"], "--args", list)
+        kwargs = _json_option(options["task_kwargs"], "--kwargs", dict)
+        try:
+            bench_task(options["task"], args, kwargs)
+        except InvalidTask as error:  # UnknownTask and InvalidArguments included
+            raise CommandError(f"--task {options['task']}: {error}", returncode=2) from error
         config = BenchConfig(
             jobs=options["jobs"],
             repeat=options["repeat"],
@@ -92,6 +119,9 @@ class Command(BaseCommand):
             latency_rate=options["latency_rate"],
             memory_jobs=options["memory_jobs"],
             queue=options["queue"],
+            task_path=options["task"],
+            args=tuple(args),
+            kwargs=kwargs,
             database=options["database"],
             keep=options["keep"],
         )
@@ -100,5 +130,19 @@ class Command(BaseCommand):
             if options["json"]
             else (lambda message: self.stderr.write(f"queuebench: {message}"))
         )
-        report = run_benchmark(config, progress=progress)
+        try:
+            report = run_benchmark(config, progress=progress)
+        except BenchmarkError as error:
+            raise CommandError(f"queuebench failed: {error}") from error
         self.stdout.write(report.as_json() if options["json"] else report.as_text())
+
+
+def _json_option(text: str, flag: str, kind: type) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise CommandError(f"{flag} is not valid JSON: {error}", returncode=2) from error
+    if not isinstance(value, kind):
+        expected = "a JSON list" if kind is list else "a JSON object"
+        raise CommandError(f"{flag} must be {expected}", returncode=2)
+    return value

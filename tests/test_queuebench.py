@@ -1,0 +1,149 @@
+"""``manage.py queuebench``: real runs on the test database, and its input checks.
+
+Figures are only checked for shape (present, positive, consistent), never for speed:
+the machine is shared, and speed is what the command reports, not what tests assert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.database import REPO
+
+pytestmark = pytest.mark.timeout(300)
+
+QUEUE = "queuebench"
+
+
+def _queuebench(db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.manage", "queuebench", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+
+
+def _report(db_url: str, *args: str) -> dict[str, Any]:
+    done = _queuebench(db_url, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def _rows(observer: psycopg.Connection[Any], query: str, *params: Any) -> list[tuple[Any, ...]]:
+    return observer.execute(query, params).fetchall()
+
+
+def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, observer):
+    report = _report(
+        db_url,
+        *("--jobs", "400", "--repeat", "2", "--processes", "2", "--prefill", "500"),
+        *("--single-enqueues", "30", "--latency-jobs", "10", "--latency-rate", "50"),
+    )
+    assert report["config"]["task_path"] == "django_pgqueue.bench.noop"
+    assert len(report["drain_per_second"]) == 2
+    assert len(report["bulk_enqueue_per_second"]) == 2
+    assert all(rate > 0 for rate in report["drain_per_second"] + report["bulk_enqueue_per_second"])
+    assert report["drain_median_per_second"] > 0
+    assert report["single_enqueue_per_second"] > 0
+    assert report["single_enqueue_atomic_per_second"] > 0
+    assert report["single_insert_floor_per_second"] > 0
+    latency = report["latency_ms"]
+    assert latency["samples"] == 10
+    assert 0 <= latency["p50"] <= latency["p99"] <= latency["max"]
+    assert report["server_version"]
+    # The benchmark's jobs (prefilled history included), workers and counters are gone.
+    assert _rows(observer, "SELECT 1 FROM django_pgqueue_job WHERE queue = %s", QUEUE) == []
+    assert _rows(observer, "SELECT 1 FROM django_pgqueue_worker WHERE queues ? %s", QUEUE) == []
+
+
+def test_the_text_report_names_each_figure(db_url):
+    done = _queuebench(
+        db_url, "--jobs", "200", "--repeat", "1", "--single-enqueues", "10", "--latency-jobs", "0"
+    )
+    assert done.returncode == 0, done.stderr
+    for label in (
+        "single enqueue (autocommit)",
+        "single enqueue (in atomic())",
+        "plain INSERT + COMMIT (the floor)",
+        "bulk enqueue (enqueue_many)",
+        "drain:",
+        "task: django_pgqueue.bench.noop",
+    ):
+        assert label in done.stdout, done.stdout
+
+
+def test_a_given_task_runs_with_its_arguments(db_url, observer):
+    report = _report(
+        db_url,
+        *("--task", "tests.tasks.add", "--args", "[2]", "--kwargs", '{"b": 3}', "--keep"),
+        *("--jobs", "150", "--repeat", "2", "--single-enqueues", "5", "--latency-jobs", "0"),
+    )
+    assert report["config"]["task_path"] == "tests.tasks.add"
+    assert report["config"]["args"] == [2]
+    assert report["config"]["kwargs"] == {"b": 3}
+    outcomes = _rows(
+        observer,
+        "SELECT task_path, status, result::text, count(*) FROM django_pgqueue_job "
+        "WHERE queue = %s GROUP BY 1, 2, 3",
+        QUEUE,
+    )
+    assert outcomes == [("tests.tasks.add", "succeeded", "5", 300)]
+
+
+def test_worker_memory_is_sampled_across_the_run(db_url):
+    report = _report(
+        db_url,
+        *("--jobs", "100", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
+        *("--memory-jobs", "20000"),
+    )
+    memory = report["memory_rss_mb"]
+    assert memory["first"] > 0
+    assert memory["last"] > 0
+    assert memory["growth_percent"] == pytest.approx(
+        (memory["last"] - memory["first"]) / memory["first"] * 100
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--jobs", "0"), "--jobs must be at least 1"),
+        (("--prefill", "-1"), "--prefill must be 0 or more"),
+        (("--latency-rate", "0"), "--latency-rate must be positive"),
+        (("--task", "tests.tasks.no_such_task"), "cannot be imported"),
+        (("--task", "tests.tasks.Any"), "not a task"),
+        (("--task", "tests.tasks.add", "--args", "[1, 2, 3]"), "do not match tests.tasks.add"),
+        (("--task", "tests.tasks.add", "--args", "[1]"), "missing a required argument: 'b'"),
+        (("--args", "[1"), "--args is not valid JSON"),
+        (("--args", '{"a": 1}'), "--args must be a JSON list"),
+        (("--kwargs", "[]"), "--kwargs must be a JSON object"),
+        (("--task", "tests.tasks.add", "--args", "[NaN, 1]"), "args[0]"),
+    ],
+)
+def test_bad_options_fail_before_anything_is_written(db_url, observer, args, message):
+    done = _queuebench(db_url, *args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert _rows(observer, "SELECT 1 FROM django_pgqueue_job WHERE queue = %s", QUEUE) == []
+
+
+def test_a_task_that_fails_makes_the_run_fail_with_a_count(db_url):
+    done = _queuebench(
+        db_url,
+        *("--task", "tests.tasks.always_fails", "--jobs", "50", "--repeat", "1"),
+        *("--single-enqueues", "0", "--latency-jobs", "0"),
+    )
+    assert done.returncode == 1, done.stderr
+    assert "queuebench failed: only 0 of 50 benchmark jobs succeeded (50 did not" in done.stderr
