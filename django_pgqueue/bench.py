@@ -80,19 +80,16 @@ def _bench_task(func: Callable[..., Any]) -> Task:  # type: ignore[type-arg]
     return pgqueue_task(queue_name=queue, max_attempts=1)(func)
 
 
-def bench_task(
-    task_path: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
-) -> Task:  # type: ignore[type-arg]
+def bench_task(task_path: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Task:  # type: ignore[type-arg]
     """Return the task ``queuebench --task`` names, checked before anything is written.
 
     Raises :class:`UnknownTask` if the path is not a task, ``InvalidTask`` if the task's
     backend is not a ``PgQueueBackend``, and :class:`InvalidArguments` if the arguments
     are not plain JSON or do not fit the task's signature.
     """
-    task = noop if task_path == NOOP_PATH else resolve_task(task_path)
+    task = resolve_task(task_path)
     if not isinstance(task_backends[task.backend], PgQueueBackend):
         raise InvalidTask(f"{task_path} runs on TASKS[{task.backend!r}], not a PgQueueBackend")
-    kwargs = {} if kwargs is None else kwargs
     encode_arguments(args, kwargs, limit=conf.MAX_PAYLOAD_BYTES)
     leading = (None,) if task.takes_context else ()
     try:
@@ -279,9 +276,7 @@ def _single_enqueues(config: BenchConfig, *, atomic: bool) -> float:
     """
     if not config.single_enqueues:
         return 0.0
-    task = _in_queue(
-        noop if config.task_path == NOOP_PATH else resolve_task(config.task_path), config.queue
-    )
+    task = _in_queue(resolve_task(config.task_path), config.queue)
     # The backend's own enqueue path, on a copy of the task's backend that also serves
     # the benchmark queue (which the project's QUEUES does not list).
     configured = task_backends[task.backend]
