@@ -18,7 +18,13 @@ from psycopg.conninfo import make_conninfo
 from django_pgqueue.embedded import with_dbname
 from django_pgqueue.manager import PsycopgRunner, QueueStore
 from django_pgqueue.pgconn import connect
+from tests.database import ensure_server
 from tests.workers import WorkerProcess
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Start the embedded server (unless DATABASE_URL is set) before any test connects."""
+    ensure_server()
 
 
 @pytest.fixture

@@ -1,7 +1,11 @@
 """Which PostgreSQL the tests use: ``DATABASE_URL``, or an embedded server under ``.pgdata``.
 
-The embedded server is started on first use, reused across runs (its data folder is
-cached and git-ignored), and stopped at exit by the process that started it.
+The embedded server is started by the processes that use it (pytest, ``tests.manage``),
+reused across runs (its data folder is cached and git-ignored), and stopped at exit by
+the process that started it. Importing the settings never starts it: tools that load them
+(mypy's Django plugin) exit without running ``atexit`` and would leave a server behind,
+which later shuts itself down when a fresh checkout reuses the path, taking the new
+server's socket with it.
 """
 
 from __future__ import annotations
@@ -31,11 +35,20 @@ def embedded_server() -> EmbeddedPostgres:
 
 
 def database_url() -> str:
-    """Return the URL of the server under test (without a test-database prefix)."""
+    """Return the URL of the server under test (without a test-database prefix).
+
+    Without ``DATABASE_URL`` it is the embedded server's, whether or not that runs yet.
+    """
     url = os.environ.get("DATABASE_URL")
     if url:
         return url
-    return embedded_server().url("postgres")
+    return EmbeddedPostgres(EMBEDDED_ROOT).url("postgres")
+
+
+def ensure_server() -> None:
+    """Start the embedded server unless ``DATABASE_URL`` names another."""
+    if not os.environ.get("DATABASE_URL"):
+        embedded_server()
 
 
 def django_database(url: str) -> dict[str, Any]:

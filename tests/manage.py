@@ -11,6 +11,10 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
     from django.core.management import execute_from_command_line
 
+    from tests.database import ensure_server
+
+    ensure_server()
+
     execute_from_command_line(sys.argv)
 
 
