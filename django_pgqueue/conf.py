@@ -74,11 +74,6 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
     ),
     SettingSpec("NOTIFY_CHANNEL", "django_pgqueue", "LISTEN/NOTIFY channel for wake-ups."),
     SettingSpec("PARTITION_VNODES", 32, "Points per worker on the partition hash ring."),
-    SettingSpec(
-        "PARTITION_SCAN_LIMIT",
-        1000,
-        "Partitioned jobs a claim looks at per queue, in claim order, to find heads.",
-    ),
 )
 
 
@@ -225,11 +220,6 @@ class Settings:
     def PARTITION_VNODES(self) -> int:  # noqa: N802
         """Points per worker on the partition hash ring."""
         return self._int("PARTITION_VNODES", minimum=1, maximum=1024)
-
-    @property
-    def PARTITION_SCAN_LIMIT(self) -> int:  # noqa: N802
-        """Partitioned candidates a claim examines per queue."""
-        return self._int("PARTITION_SCAN_LIMIT", minimum=1, maximum=1_000_000)
 
     def problems(self) -> list[tuple[str, str]]:
         """Return ``(setting, message)`` for every invalid setting (used by the checks)."""

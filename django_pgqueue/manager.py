@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from .models import Job
 
 __all__ = [
+    "ClaimRound",
     "ClaimedJob",
     "DjangoRunner",
     "Enqueued",
@@ -44,6 +45,7 @@ __all__ = [
     "JobSnapshot",
     "JobSpec",
     "Lease",
+    "LeaseExtension",
     "OperatorResult",
     "PsycopgRunner",
     "QueueStore",
@@ -106,6 +108,7 @@ class JobSnapshot:
     partition_key: str | None
     partition_bucket: int | None
     step: str | None
+    unknown_task_since: datetime | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -214,11 +217,37 @@ class ClaimedJob:
     lease_expires_at: datetime
     prior_workers: list[str]
     worker_id: str
+    #: When a worker first found this job's task unknown (None: no worker has yet).
+    unknown_task_since: datetime | None = None
 
     @property
     def lease(self) -> Lease:
         """Return the lease this claim holds."""
         return Lease(self.id, self.lease_generation, self.worker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRound:
+    """What one claim returned: the jobs, and how many partitions it refreshed after."""
+
+    jobs: list[ClaimedJob]
+    folded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseExtension:
+    """What one batched lease extension found."""
+
+    #: (job id, lease generation) of the leases extended.
+    held: frozenset[tuple[int, int]]
+    #: Still this worker's, but the row was locked (an atomic task's open transaction):
+    #: not extended this time, not lost.
+    busy: frozenset[tuple[int, int]]
+
+    @property
+    def held_ids(self) -> frozenset[int]:
+        """Return the ids of the jobs whose lease was extended."""
+        return frozenset(job_id for job_id, _ in self.held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,7 +532,7 @@ class QueueStore:
         if params["idempotency_key"] is None:
             # The common cases get plain INSERT statements (see sql/enqueue.sql).
             unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
-            if params["available_at"] is None:
+            if params["available_at"] is None and params["partition_key"] is None:
                 del unkeyed["available_at"]
                 row = self._run("enqueue", channel=channel, **unkeyed).rows[0]
             else:
@@ -589,76 +618,133 @@ class QueueStore:
         per_queue: int | Sequence[int],
         lease_seconds: float,
         bucket_masks: Sequence[str | None] | None = None,
-        partition_scan_limit: int | None = None,
+        total_limit: int | None = None,
     ) -> list[ClaimedJob]:
         """Lease ready jobs from ``queues`` to ``worker_id``, up to a limit per queue.
 
-        ``per_queue`` is one limit for every queue or one per queue. ``bucket_masks``
-        (one per queue, 1024 ``0``/``1`` characters, None for all) limits partitioned jobs
-        to the worker's buckets. Takes row locks only for the duration of the statement;
-        never waits on a locked row (SKIP LOCKED).
+        ``per_queue`` is one limit for every queue or one per queue; ``total_limit`` caps
+        the whole claim (default: the sum), and when it is smaller, queues earlier in
+        ``queues`` win ties (rotate the order to take turns). Every queue is looked at.
+        ``bucket_masks`` (one per queue, 1024 ``0``/``1`` characters, None for all) limits
+        partitioned jobs to the worker's buckets. Takes row locks only for the duration of
+        the statement; never waits on a locked row (SKIP LOCKED).
+        """
+        return self.claim_round(
+            worker_id,
+            queues,
+            per_queue=per_queue,
+            lease_seconds=lease_seconds,
+            bucket_masks=bucket_masks,
+            total_limit=total_limit,
+        ).jobs
+
+    def claim_round(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        *,
+        per_queue: int | Sequence[int],
+        lease_seconds: float,
+        bucket_masks: Sequence[str | None] | None = None,
+        total_limit: int | None = None,
+    ) -> ClaimRound:
+        """Claim like :meth:`claim`; say how many partitions were refreshed on the way.
+
+        When producers left partition signals, the claim statement says so; they are
+        folded in (a separate short statement: the claim itself never waits on a
+        partition row) and the free capacity is claimed again, so a partition whose next
+        job just became ready is claimable by this very call.
         """
         limits = [per_queue] * len(queues) if isinstance(per_queue, int) else list(per_queue)
         if len(limits) != len(queues):
             raise ValueError("per_queue needs one limit per queue")
-        masks = list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
-        scan_limit = (
-            conf.PARTITION_SCAN_LIMIT if partition_scan_limit is None else partition_scan_limit
+        masks: list[str | None] = (
+            list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
         )
+        total = sum(limits) if total_limit is None else total_limit
+        claimed, signalled = self._claim_batch(
+            worker_id, queues, limits, masks=masks, total=total, lease_seconds=lease_seconds
+        )
+        if not signalled:
+            return ClaimRound(claimed)
+        folded = self.fold_partition_signals()
+        got = dict.fromkeys(queues, 0)
+        for job in claimed:
+            got[job.queue] += 1
+        remaining = [
+            max(0, limit - got[queue]) for queue, limit in zip(queues, limits, strict=True)
+        ]
+        if folded and total > len(claimed) and any(remaining):
+            more, _ = self._claim_batch(
+                worker_id,
+                queues,
+                remaining,
+                masks=masks,
+                total=total - len(claimed),
+                lease_seconds=lease_seconds,
+            )
+            claimed.extend(more)
+        return ClaimRound(claimed, folded)
+
+    def _claim_batch(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        limits: list[int],
+        *,
+        masks: Sequence[str | None],
+        total: int,
+        lease_seconds: float,
+    ) -> tuple[list[ClaimedJob], bool]:
         result = self._run(
             "claim_batch",
             queues=list(queues),
             bucket_masks=masks,
             queue_limits=limits,
+            total_limit=total,
             worker_id=worker_id,
             lease_seconds=lease_seconds,
-            partition_scan_limit=max(scan_limit, *limits),
         )
         claimed = []
         loads = json.loads
+        signalled = False
         for row in result.rows:
-            (
-                job_id,
-                queue,
-                task_path,
-                args,
-                kwargs,
-                priority,
-                attempts,
-                max_attempts,
-                lease_generation,
-                step,
-                partition_key,
-                idempotency_key,
-                created_at,
-                available_at,
-                claimed_at,
-                lease_expires_at,
-                prior_workers,
-            ) = row
+            if row[0] is None:  # the last row: are there partition signals to fold?
+                signalled = bool(row[-1])
+                continue
             claimed.append(
                 ClaimedJob(
-                    job_id,
-                    queue,
-                    task_path,
-                    loads(args),
-                    loads(kwargs),
-                    priority,
-                    attempts,
-                    max_attempts,
-                    lease_generation,
-                    step,
-                    partition_key,
-                    idempotency_key,
-                    created_at,
-                    available_at,
-                    claimed_at,
-                    lease_expires_at,
-                    loads(prior_workers),
-                    worker_id,
+                    id=row[0],
+                    queue=row[1],
+                    task_path=row[2],
+                    args=loads(row[3]),
+                    kwargs=loads(row[4]),
+                    priority=row[5],
+                    attempts=row[6],
+                    max_attempts=row[7],
+                    lease_generation=row[8],
+                    step=row[9],
+                    partition_key=row[10],
+                    idempotency_key=row[11],
+                    created_at=row[12],
+                    available_at=row[13],
+                    claimed_at=row[14],
+                    lease_expires_at=row[15],
+                    prior_workers=loads(row[16]),
+                    worker_id=worker_id,
+                    unknown_task_since=row[17],
                 )
             )
-        return claimed
+        return claimed, signalled
+
+    def fold_partition_signals(self, *, batch_size: int = 1000) -> int:
+        """Refresh the partitions producers signalled; return how many were refreshed.
+
+        Its own statement (autocommit on a worker's connection): it locks partition rows
+        in key order and waits only on other refreshes of the same partitions.
+        """
+        rows = self._run("fold_partition_signals", batch_size=batch_size).rows
+        return int(rows[0][0] or 0)
 
     def complete_if_leased(self, lease: Lease, result_json: str) -> datetime:
         """Mark the job succeeded with ``result_json``; return its finish time.
@@ -701,7 +787,7 @@ class QueueStore:
         Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held.
         """
         policy = policy or RetryPolicy.from_settings()
-        job_id, status, available_at, attempts, max_attempts = self._run_fenced(
+        job_id, status, available_at, attempts, max_attempts, _ = self._run_fenced(
             "fail_if_leased",
             lease,
             permanent=failure.permanent,
@@ -724,31 +810,48 @@ class QueueStore:
 
     def extend_leases_if_leased(
         self, worker_id: str, leases: Sequence[Lease], lease_seconds: float
-    ) -> set[int]:
-        """Extend many leases at once; return the ids still held (the rest are lost)."""
+    ) -> LeaseExtension:
+        """Extend many leases at once, never waiting on a row lock.
+
+        Returns the ids extended and the ids whose rows were locked (still held, try
+        again later); any other lease was lost.
+        """
         if not leases:
-            return set()
+            return LeaseExtension(frozenset(), frozenset())
         rows = self._run(
             "extend_leases_if_leased",
             worker_id=worker_id,
             leases=_leases_document(leases),
             lease_seconds=lease_seconds,
         ).rows
-        return {row[0] for row in rows}
+        return LeaseExtension(
+            held=frozenset((row[0], row[1]) for row in rows if row[2]),
+            busy=frozenset((row[0], row[1]) for row in rows if not row[2]),
+        )
 
     def release_if_leased(
-        self, lease: Lease, *, delay_seconds: float = 0.0, reason: str | None = None
+        self,
+        lease: Lease,
+        *,
+        delay_seconds: float = 0.0,
+        reason: str | None = None,
+        reason_class: str | None = None,
+        unknown_since: datetime | None = None,
     ) -> datetime:
         """Give the job back without using up an attempt; return when it is available.
 
         The lease generation is bumped, so a late completion by this worker is fenced.
-        Raises :class:`LeaseLost` if the lease is no longer held.
+        ``reason``/``reason_class`` are shown as the job's last error; ``unknown_since``
+        starts the unknown-task window (kept if it had started already). Raises
+        :class:`LeaseLost` if the lease is no longer held.
         """
         available_at: datetime = self._run_fenced(
             "release_if_leased",
             lease,
             delay_seconds=delay_seconds,
             reason=reason,
+            reason_class=reason_class,
+            unknown_since=unknown_since,
             channel=conf.NOTIFY_CHANNEL,
         )[1]
         return available_at
@@ -812,6 +915,26 @@ class QueueStore:
         return self._run(
             "prune_dead_letters", retention_seconds=retention_seconds, limit=limit
         ).rowcount
+
+    def partitions_out_of_date(
+        self, *, after_key: str = "", scan_limit: int = 10_000
+    ) -> tuple[list[str], str | None]:
+        """Return the partitions whose claim state disagrees with the job table.
+
+        Scans at most ``scan_limit`` partitions with pending jobs after ``after_key``;
+        also returns where to resume (None: the scan reached the end).
+        """
+        rows = self._run("partitions_out_of_date", after_key=after_key, scan_limit=scan_limit).rows
+        keys = [key for key, kind in rows if kind != "scanned"]
+        resume = next(key for key, kind in rows if kind == "scanned")
+        return keys, resume
+
+    def repair_partitions(self, partition_keys: Sequence[str]) -> int:
+        """Recompute the claim state of ``partition_keys`` from the job table."""
+        if not partition_keys:
+            return 0
+        rows = self._run("repair_partitions", partition_keys=list(partition_keys)).rows
+        return int(rows[0][0] or 0)
 
     def register_worker(
         self,
@@ -1143,6 +1266,7 @@ def _new_snapshot(
         partition_key=params["partition_key"],
         partition_bucket=params["partition_bucket"],
         step=None,
+        unknown_task_since=None,
     )
 
 

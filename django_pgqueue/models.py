@@ -23,7 +23,7 @@ from .manager import JobManager
 from .partition import BUCKET_COUNT
 from .states import TERMINAL_STATUSES, JobStatus, WorkerStatus
 
-__all__ = ["DeadLetter", "Job", "QueueStat", "Worker"]
+__all__ = ["DeadLetter", "Job", "Partition", "PartitionSignal", "QueueStat", "Worker"]
 
 
 class BrinIndex(models.Index):
@@ -106,6 +106,13 @@ class Job(models.Model):
     )
     step = models.TextField(  # noqa: DJ001
         _("step"), null=True, blank=True, db_comment="Progress marker of a multi-step job."
+    )
+    unknown_task_since = models.DateTimeField(
+        _("waiting for its task since"),
+        null=True,
+        blank=True,
+        db_comment="When a worker first could not import the task: the start of the "
+        "unknown-task window (the time the job was ready). NULL once a worker knows it.",
     )
 
     objects: ClassVar[JobManager] = JobManager()
@@ -267,6 +274,80 @@ class DeadLetter(Job):
         proxy = True
         verbose_name = _("dead letter")
         verbose_name_plural = _("dead letters")
+
+
+class Partition(models.Model):
+    """The claim state of one partition key: its next job, and the job running now.
+
+    Kept by the queue's own statements, never by the ORM: each statement that moves a
+    partitioned job (claim, complete, fail, release, reap) brings the row up to date in
+    the same transaction, under the row's lock, from the job table itself (the function
+    ``django_pgqueue_refresh_partitions`` of migration 0004). Producers never lock it:
+    they append a :class:`PartitionSignal`, folded in by the next claim. A row exists
+    while its partition has a pending or processing job.
+    """
+
+    partition_key = models.CharField(
+        _("partition key"), primary_key=True, max_length=KEY_MAX_LENGTH
+    )
+    queue = models.CharField(  # noqa: DJ001 - NULL only while the row is being created
+        _("queue of the next job"), max_length=QUEUE_MAX_LENGTH, null=True, blank=True
+    )
+    partition_bucket = models.SmallIntegerField(_("partition bucket"), null=True, blank=True)
+    head_id = models.BigIntegerField(
+        _("next job"), null=True, blank=True, db_comment="Oldest pending job; NULL: none."
+    )
+    head_priority = models.SmallIntegerField(_("next job's priority"), null=True, blank=True)
+    head_available_at = models.DateTimeField(_("next job available at"), null=True, blank=True)
+    running_id = models.BigIntegerField(
+        _("running job"), null=True, blank=True, db_comment="The processing job; NULL: idle."
+    )
+    refreshed_at = models.DateTimeField(_("refreshed at"), db_default=Now())
+
+    class Meta:
+        db_table = "django_pgqueue_partition"
+        db_table_comment = "django-pgqueue partition claim state; written only by queue SQL."
+        verbose_name = _("partition")
+        verbose_name_plural = _("partitions")
+        indexes = (
+            # claim_batch, partitioned branch: idle partitions with a next job, in claim
+            # order. Running and empty partitions are not in it, so a claim reads only
+            # rows it can take, however deep the backlogs behind them.
+            models.Index(
+                fields=["queue", "-head_priority", "head_available_at", "head_id"],
+                name="pgq_partition_claim",
+                condition=Q(running_id__isnull=True, head_id__isnull=False),
+            ),
+            # repair_partitions: partitions marked running, checked against the job table.
+            models.Index(
+                fields=["running_id"],
+                name="pgq_partition_running",
+                condition=Q(running_id__isnull=False),
+            ),
+        )
+
+    def __str__(self) -> str:
+        return self.partition_key
+
+
+class PartitionSignal(models.Model):
+    """A note from a producer that a partition has new work: "refresh this partition".
+
+    Appended in the enqueuing (or operator's) transaction, so it becomes visible exactly
+    when the job does, and it takes no lock a worker could wait on.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    partition_key = models.CharField(_("partition key"), max_length=KEY_MAX_LENGTH)
+
+    class Meta:
+        db_table = "django_pgqueue_partition_signal"
+        db_table_comment = "django-pgqueue: partitions to refresh; folded in by claims."
+        verbose_name = _("partition signal")
+        verbose_name_plural = _("partition signals")
+
+    def __str__(self) -> str:
+        return self.partition_key
 
 
 class Worker(models.Model):

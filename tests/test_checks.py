@@ -112,7 +112,6 @@ BAD_VALUES = {
     "UNKNOWN_TASK_TIMEOUT_SECONDS": -1,
     "NOTIFY_CHANNEL": "no spaces; allowed",
     "PARTITION_VNODES": 0,
-    "PARTITION_SCAN_LIMIT": 0,
 }
 
 

@@ -93,7 +93,9 @@ def test_batch_operations_apply_only_to_leases_still_held(store, taken_over):
     (mine,) = store.claim("worker-a", ["default"], per_queue=1, lease_seconds=30)
     assert mine.id == other.pk
     before = _snapshot(fresh.id)
-    assert store.extend_leases_if_leased("worker-a", [stale.lease, mine.lease], 60) == {mine.id}
+    assert store.extend_leases_if_leased("worker-a", [stale.lease, mine.lease], 60).held_ids == {
+        mine.id
+    }
     assert store.release_many_if_leased("worker-a", [stale.lease]) == set()
     assert store.complete_many_if_leased(
         "worker-a", [(stale.lease, '"stale"'), (mine.lease, '"ok"')]

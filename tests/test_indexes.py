@@ -68,7 +68,7 @@ PARAMS: dict[str, dict[str, Any]] = {
         "queue_limits": [100, 50],
         "worker_id": "w",
         "lease_seconds": 30.0,
-        "partition_scan_limit": 1000,
+        "total_limit": 100,
     },
     "reap_expired": {"limit": 1000, "job_ids": None, **_RETRY},
     "prune_finished": {"retention_seconds": 3600.0, "limit": 1000},
@@ -85,7 +85,14 @@ PARAMS: dict[str, dict[str, Any]] = {
     },
     "extend_lease_if_leased": {**_LEASE, "lease_seconds": 30.0},
     "extend_leases_if_leased": {**_MANY, "lease_seconds": 30.0},
-    "release_if_leased": {**_LEASE, "delay_seconds": 0.0, "reason": None, "channel": "c"},
+    "release_if_leased": {
+        **_LEASE,
+        "delay_seconds": 0.0,
+        "reason": None,
+        "reason_class": None,
+        "unknown_since": None,
+        "channel": "c",
+    },
     "release_many_if_leased": {**_MANY, "reason": None, "channel": "c"},
     "set_step_if_leased": {**_LEASE, "step": "s"},
     "retry_jobs": {"job_ids": [1, 2], "channel": "c"},
@@ -93,17 +100,20 @@ PARAMS: dict[str, dict[str, Any]] = {
     "cancel_jobs": {"job_ids": [1, 2], "reason": None},
     "discard_jobs": {"job_ids": [1, 2]},
     "select_by_idempotency_keys": {"idempotency_keys": ["a", "b"]},
+    "partitions_out_of_date": {"after_key": "", "scan_limit": 1000},
 }
 
 PRIMARY_KEY = {"django_pgqueue_job_pkey"}
 EXPECTED_INDEXES = {
+    # Partitioned jobs are found through the partition table (pgq_partition_claim) and
+    # then read by primary key.
     "claim_batch": {
         "pgq_job_claim",
-        "pgq_job_claim_part",
         "pgq_job_part_pending",
         "pgq_job_part_processing",
         *PRIMARY_KEY,
     },
+    "partitions_out_of_date": {"pgq_job_part_pending", *PRIMARY_KEY},
     "reap_expired": {"pgq_job_lease", *PRIMARY_KEY},
     "prune_finished": {"pgq_job_finished", *PRIMARY_KEY},
     # Either partial index holds exactly the dead letters; the planner picks by size.

@@ -29,15 +29,24 @@ def test_options_come_from_settings_and_validate():
 
 def test_capacity_is_shared_between_hungry_queues():
     worker = Worker(WorkerOptions.from_settings(queues=("default", "emails", "low")))
-    assert worker._shares(9)[2] == [3, 3, 3]  # nothing known yet: equal shares
+
+    def shares(limit: int) -> dict[str, int]:
+        queues, _, limits = worker._shares(limit)
+        return dict(zip(queues, limits, strict=True))
+
+    assert shares(9) == {"default": 3, "emails": 3, "low": 3}  # nothing known: equal shares
     worker._hungry = {"default": True, "emails": False, "low": False}
-    assert worker._shares(12)[2] == [10, 1, 1]  # idle queues keep one slot to notice work
+    # Idle queues keep one slot to notice work.
+    assert shares(12) == {"default": 10, "emails": 1, "low": 1}
     worker._hungry = {"default": True, "emails": True, "low": False}
-    assert sorted(worker._shares(12)[2]) == [1, 5, 6]
-    queues, _, limits = worker._shares(2)  # fewer slots than queues: turns
-    assert len(queues) == 2
-    assert limits == [1, 1]
-    assert worker._shares(2)[0] != queues
+    assert sorted(shares(12).values()) == [1, 5, 6]
+    assert shares(12)["low"] == 1
+    # Fewer slots than queues: every queue is still looked at (the claim's total caps
+    # the batch), and the order that breaks ties rotates.
+    first, _, limits = worker._shares(2)
+    assert sorted(first) == ["default", "emails", "low"]
+    assert limits == [1, 1, 1]
+    assert worker._shares(2)[0] != first
 
 
 def test_a_worker_runs_in_process_without_the_command(db_url):

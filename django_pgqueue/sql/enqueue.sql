@@ -4,10 +4,16 @@
 -- payload names the queue, nothing else. PostgreSQL delivers it at COMMIT and folds
 -- identical (channel, payload) pairs raised in one transaction into one, so a transaction
 -- enqueuing a thousand jobs into a queue wakes its workers once.
+--
+-- A partitioned job also appends a partition signal (django_pgqueue_partition_signal):
+-- the next claim sees it and has its partition's row refreshed. Appending takes no lock a
+-- worker could wait on, however long the producer's transaction stays open, and the
+-- signal becomes visible exactly when the job does.
 
 
 -- name: enqueue
--- Insert one job, ready now and without an idempotency key (the common case), and wake
+-- Insert one unpartitioned job, ready now and without an idempotency key (the common
+-- case), and wake
 -- the queue's workers. pg_notify in RETURNING rather than in a CTE: the statement is a
 -- plain INSERT, which plans and runs measurably faster. Returns only what the caller
 -- does not know yet.
@@ -25,8 +31,8 @@ RETURNING id, created_at, available_at, pg_notify(%(channel)s, queue)::text AS n
 
 
 -- name: enqueue_at
--- Insert one job that becomes available at a given time, without an idempotency key;
--- workers are woken only if that time has already come.
+-- Insert one job that becomes available at a given time (NULL: now), without an
+-- idempotency key; workers are woken only if that time has already come.
 WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
@@ -35,15 +41,19 @@ WITH inserted AS (
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
-        'pending', 0, %(max_attempts)s, 0, %(available_at)s::timestamptz, now(),
-        '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s
+        'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
+        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s
     )
-    RETURNING id, created_at, available_at, queue
+    RETURNING id, created_at, available_at, queue, partition_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, inserted.queue)
     FROM inserted
     WHERE inserted.available_at <= now()
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at,
     (SELECT count(*) FROM woken)::text AS notified
@@ -74,6 +84,10 @@ woken AS (
     SELECT pg_notify(%(channel)s, inserted.queue)
     FROM inserted
     WHERE inserted.available_at <= now()
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
 )
 SELECT inserted.*, true AS created, (SELECT count(*) FROM woken) AS notified
 FROM inserted
@@ -109,11 +123,15 @@ inserted AS (
     FROM incoming
     ORDER BY incoming.position
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, created_at, available_at, idempotency_key, queue
+    RETURNING id, created_at, available_at, idempotency_key, queue, partition_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT inserted.queue FROM inserted WHERE inserted.available_at <= now()) AS ready
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT DISTINCT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at, inserted.idempotency_key,
     (SELECT count(*) FROM woken) AS notified

@@ -5,31 +5,40 @@
 -- worker that lost its lease (expired and reaped, released, finished by an operator)
 -- changes nothing and learns so from the empty RETURNING.
 --
--- Multi-row writes lock their rows in id order first (the "locked" CTEs), so two of them
--- touching the same jobs (a worker's completion batch and its lease-extension batch on
--- another connection) queue behind each other instead of deadlocking.
+-- Locks, so that no bookkeeping statement queues behind a long transaction:
+-- * Multi-row writes lock their rows in id order first (the "locked" CTEs), and only rows
+--   that still carry the caller's lease, so a row taken over by another worker (whose
+--   atomic task may hold it for minutes) is never waited on.
+-- * The lease extension never waits at all (SKIP LOCKED): the only long holder of a
+--   leased row is the job's own atomic task, and its lease is kept by that lock (the
+--   reaper skips locked rows too).
+-- * A statement that moves a partitioned job refreshes its partition row in the same
+--   transaction (django_pgqueue_refresh_partitions, migration 0004), taking partition
+--   locks in key order after its job locks; the claim takes both with SKIP LOCKED.
 
 
 -- name: claim_batch
--- Lease ready jobs to one worker, in claim order, up to a separate limit per queue.
--- Each queue gets its own LIMIT, so a flood in one queue cannot starve the others.
--- A partitioned job is claimable only if it is the oldest pending job of its partition
--- and no job of its partition is processing; this is checked here, in the database, so
--- it holds whatever the workers believe about bucket ownership. A concurrent claimer
--- either skips the head (locked) or sees it still pending (older), so two jobs of one
--- partition can never be leased at once.
+-- Lease ready jobs to one worker: at most queue_limit per queue and total_limit in all.
+-- Every served queue is looked at in every claim; when the total is smaller than the
+-- number of queues, each queue's best job competes in the order of "turn" (the caller
+-- rotates it), so queues take turns without any of them being skipped unseen.
+-- Unpartitioned jobs come from pgq_job_claim. A partitioned job is claimed only as the
+-- next job of an idle partition (pgq_partition_claim): the partition row is locked with
+-- SKIP LOCKED and marked running in this statement, so two jobs of one partition can
+-- never be leased at once, and a deep or blocked partition costs the claim nothing. The
+-- job itself is re-checked against the job table (the oldest pending of its partition,
+-- none processing), so a stale partition row can delay a job but never reorder one.
 -- bucket_masks holds, per queue, 1024 characters '0'/'1' marking the owned buckets
--- (NULL: all buckets). Partitioned rows are looked at through a window of the first
--- partition_scan_limit candidates in claim order (see partition_heads).
--- Uses pgq_job_claim (unpartitioned), pgq_job_claim_part (partitioned), and for the head
--- checks pgq_job_part_pending and pgq_job_part_processing.
+-- (NULL: all buckets).
+-- The last row has a NULL id and says whether producers left partition signals to fold
+-- (then the worker runs fold_partition_signals and claims again).
 WITH wanted AS (
     SELECT *
     FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
-        AS wanted (queue, bucket_mask, queue_limit)
+        WITH ORDINALITY AS wanted (queue, bucket_mask, queue_limit, turn)
 ),
 unpartitioned AS (
-    SELECT wanted.queue, wanted.queue_limit, candidate.id, candidate.priority,
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, candidate.id, candidate.priority,
         candidate.available_at
     FROM wanted
     CROSS JOIN LATERAL (
@@ -44,59 +53,66 @@ unpartitioned AS (
         FOR UPDATE OF job SKIP LOCKED
     ) AS candidate
 ),
-partition_heads AS (
-    SELECT wanted.queue, wanted.queue_limit, candidate.id, candidate.priority,
-        candidate.available_at
+idle_partitions AS (
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT job.id, job.priority, job.available_at
-        FROM django_pgqueue_job AS job
-        WHERE job.id IN (
-                -- The scan window: the first partition_scan_limit partitioned rows in
-                -- claim order. Rows behind the head of a busy partition are never
-                -- claimable, and a deep backlog in one partition would otherwise make
-                -- every claim walk all of it; the window bounds the work per claim.
-                SELECT window_job.id
-                FROM django_pgqueue_job AS window_job
-                WHERE window_job.status = 'pending'
-                  AND window_job.partition_bucket IS NOT NULL
-                  AND window_job.queue = wanted.queue
-                  AND window_job.available_at <= now()
-                  AND (
-                      wanted.bucket_mask IS NULL
-                      OR substr(wanted.bucket_mask, window_job.partition_bucket + 1, 1) = '1'
-                  )
-                ORDER BY window_job.priority DESC, window_job.available_at, window_job.id
-                LIMIT %(partition_scan_limit)s
-            )
-          AND job.status = 'pending'
-          -- Head checks as scalar subqueries on purpose: PostgreSQL would turn NOT EXISTS
-          -- into an anti-join over every pending partitioned row; as subqueries they are
-          -- one index probe per candidate in the window.
-          AND job.id = (
-              SELECT min(older.id)
-              FROM django_pgqueue_job AS older
-              WHERE older.status = 'pending'
-                AND older.partition_key = job.partition_key
-          )
+        SELECT part.partition_key, part.head_id
+        FROM django_pgqueue_partition AS part
+        WHERE part.running_id IS NULL
+          AND part.head_id IS NOT NULL
+          AND part.queue = wanted.queue
+          AND part.head_available_at <= now()
           AND (
-              SELECT 1
-              FROM django_pgqueue_job AS running
-              WHERE running.status = 'processing'
-                AND running.partition_key = job.partition_key
-              LIMIT 1
-          ) IS NULL
-        ORDER BY job.priority DESC, job.available_at, job.id
+              wanted.bucket_mask IS NULL
+              OR substr(wanted.bucket_mask, part.partition_bucket + 1, 1) = '1'
+          )
+        ORDER BY part.head_priority DESC, part.head_available_at, part.head_id
         LIMIT wanted.queue_limit
-        FOR UPDATE OF job SKIP LOCKED
-    ) AS candidate
+        FOR UPDATE OF part SKIP LOCKED
+    ) AS part
+),
+partition_heads AS (
+    SELECT idle_partitions.queue, idle_partitions.queue_limit, idle_partitions.turn,
+        job.id, job.priority, job.available_at
+    FROM django_pgqueue_job AS job
+    JOIN idle_partitions ON idle_partitions.head_id = job.id
+    -- By primary key (= ANY (ARRAY(...)), as for the UPDATE below). COALESCE hides the
+    -- readiness check from index matching: a generic plan made while the queue was empty
+    -- would otherwise walk pgq_job_pending (whose predicate says available_at IS NOT
+    -- NULL), filtering on id.
+    WHERE job.id = ANY (ARRAY(SELECT idle_partitions.head_id FROM idle_partitions))
+      AND job.status = 'pending'
+      AND job.partition_key = idle_partitions.partition_key
+      AND COALESCE(job.available_at, now()) <= now()
+      -- The safety net under the partition row: no older pending job and no running job
+      -- in the partition. Scalar subqueries on purpose, one index probe per head
+      -- (pgq_job_part_pending, pgq_job_part_processing); NOT EXISTS could become an
+      -- anti-join over every pending partitioned row.
+      AND (
+          SELECT 1
+          FROM django_pgqueue_job AS older
+          WHERE older.status = 'pending'
+            AND older.partition_key = job.partition_key
+            AND older.id < job.id
+          LIMIT 1
+      ) IS NULL
+      AND (
+          SELECT 1
+          FROM django_pgqueue_job AS running
+          WHERE running.status = 'processing'
+            AND running.partition_key = job.partition_key
+          LIMIT 1
+      ) IS NULL
+    FOR UPDATE OF job SKIP LOCKED
 ),
 picked AS (
-    -- Both branches may lock queue_limit rows of a queue; keep the best queue_limit.
-    -- The others stay locked only until this statement's transaction ends.
+    -- Both branches may lock queue_limit rows of a queue; keep the best queue_limit of
+    -- each, then the first total_limit by (rank within its queue, turn). The others stay
+    -- locked only until this statement's transaction ends.
     SELECT ranked.id
     FROM (
-        SELECT candidates.id, candidates.queue_limit,
+        SELECT candidates.id, candidates.queue_limit, candidates.turn,
             row_number() OVER (
                 PARTITION BY candidates.queue
                 ORDER BY candidates.priority DESC, candidates.available_at, candidates.id
@@ -108,107 +124,178 @@ picked AS (
         ) AS candidates
     ) AS ranked
     WHERE ranked.rank <= ranked.queue_limit
+    ORDER BY ranked.rank, ranked.turn
+    LIMIT %(total_limit)s
+),
+claimed AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = 'processing',
+        attempts = job.attempts + 1,
+        lease_generation = job.lease_generation + 1,
+        claimed_by = %(worker_id)s,
+        claimed_at = now(),
+        started_at = COALESCE(job.started_at, now()),
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+    -- = ANY(ARRAY(...)) rather than a join: a prepared statement's generic plan cannot
+    -- know how few ids come back, and would hash-join against a scan of the whole table.
+    WHERE job.id = ANY (ARRAY(SELECT picked.id FROM picked))
+    RETURNING
+        job.id, job.queue, job.task_path, job.args, job.kwargs, job.priority, job.attempts,
+        job.max_attempts, job.lease_generation, job.step, job.partition_key,
+        job.idempotency_key, job.created_at, job.available_at, job.claimed_at,
+        job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers,
+        job.unknown_task_since
+),
+running AS (
+    -- The partition rows were locked by idle_partitions above.
+    UPDATE django_pgqueue_partition AS part
+    SET running_id = claimed.id,
+        refreshed_at = now()
+    FROM claimed
+    WHERE part.partition_key = claimed.partition_key
+    RETURNING part.partition_key
 )
-UPDATE django_pgqueue_job AS job
-SET status = 'processing',
-    attempts = job.attempts + 1,
-    lease_generation = job.lease_generation + 1,
-    claimed_by = %(worker_id)s,
-    claimed_at = now(),
-    started_at = COALESCE(job.started_at, now()),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
--- = ANY(ARRAY(...)) rather than a join: a prepared statement's generic plan cannot know
--- how few ids come back, and would hash-join against a scan of the whole table.
-WHERE job.id = ANY (ARRAY(SELECT picked.id FROM picked))
-RETURNING
-    job.id, job.queue, job.task_path, job.args, job.kwargs, job.priority, job.attempts,
-    job.max_attempts, job.lease_generation, job.step, job.partition_key,
-    job.idempotency_key, job.created_at, job.available_at, job.claimed_at,
-    job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers
+SELECT claimed.*, (SELECT count(*) FROM running) AS partitions_started, false AS signalled
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, (SELECT count(*) FROM running),
+    EXISTS (SELECT 1 FROM django_pgqueue_partition_signal)
+
+
+-- name: fold_partition_signals
+-- Bring the partitions that producers and operators signalled up to date, at most
+-- batch_size signals at a time; returns how many partitions were refreshed. Its own
+-- short transaction: it waits only on other refreshes of the same partitions.
+WITH taken AS (
+    DELETE FROM django_pgqueue_partition_signal AS signal
+    WHERE signal.id = ANY (ARRAY(
+        SELECT pending.id
+        FROM django_pgqueue_partition_signal AS pending
+        ORDER BY pending.id
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING signal.partition_key
+)
+SELECT django_pgqueue_refresh_partitions(ARRAY(SELECT taken.partition_key FROM taken))
+    AS refreshed
 
 
 -- name: complete_if_leased
--- Mark one leased job succeeded and store its result.
-UPDATE django_pgqueue_job
-SET status = 'succeeded',
-    result = %(result)s::jsonb,
-    finished_at = now(),
-    lease_expires_at = NULL
-WHERE id = %(job_id)s
-  AND lease_generation = %(lease_generation)s
-  AND claimed_by = %(worker_id)s
-  AND status = 'processing'
-RETURNING id, finished_at
+-- Mark one leased job succeeded and store its result; refresh its partition.
+-- finished_at is clock_timestamp(): run inside an atomic task's transaction, now() would
+-- be when that transaction began, not when the handler finished.
+WITH completed AS (
+    UPDATE django_pgqueue_job
+    SET status = 'succeeded',
+        result = %(result)s::jsonb,
+        finished_at = clock_timestamp(),
+        lease_expires_at = NULL
+    WHERE id = %(job_id)s
+      AND lease_generation = %(lease_generation)s
+      AND claimed_by = %(worker_id)s
+      AND status = 'processing'
+    RETURNING id, finished_at, partition_key
+)
+SELECT completed.id, completed.finished_at,
+    django_pgqueue_refresh_partitions(ARRAY[completed.partition_key]) AS partitions
+FROM completed
 
 
 -- name: complete_many_if_leased
--- Mark many leased jobs succeeded, each checked against its own lease generation.
--- completions is one JSON document, [[job id, lease generation, result], ...]: cheaper to
--- send than three arrays. Returns the ids that were still leased; the others were lost
--- and are left untouched.
+-- Mark many leased jobs succeeded, each checked against its own lease generation, and
+-- refresh their partitions. completions is one JSON document, [[job id, lease
+-- generation, result], ...]: cheaper to send than three arrays. Returns the ids that were
+-- still leased; the others were lost and are left untouched.
 WITH done AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation,
         item -> 2 AS result
     FROM jsonb_array_elements(%(completions)s::jsonb) AS item
 ),
 locked AS (
+    -- Only rows still carrying the lease are locked: a row another worker took over
+    -- (and its atomic task may hold for minutes) is never waited on.
     SELECT job.id
     FROM django_pgqueue_job AS job
+    JOIN done ON done.id = job.id AND done.lease_generation = job.lease_generation
     WHERE job.id = ANY (ARRAY(SELECT done.id FROM done))
+      AND job.claimed_by = %(worker_id)s
+      AND job.status = 'processing'
     ORDER BY job.id
-    FOR UPDATE
+    FOR UPDATE OF job
+),
+completed AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = 'succeeded',
+        result = done.result,
+        finished_at = now(),
+        lease_expires_at = NULL
+    FROM done
+    JOIN locked ON locked.id = done.id
+    WHERE job.id = done.id
+      AND job.lease_generation = done.lease_generation
+      AND job.claimed_by = %(worker_id)s
+      AND job.status = 'processing'
+    RETURNING job.id, job.partition_key
+),
+refreshed AS (
+    SELECT django_pgqueue_refresh_partitions(ARRAY(
+        SELECT completed.partition_key FROM completed WHERE completed.partition_key IS NOT NULL
+    )) AS partitions
 )
-UPDATE django_pgqueue_job AS job
-SET status = 'succeeded',
-    result = done.result,
-    finished_at = now(),
-    lease_expires_at = NULL
-FROM done
-JOIN locked ON locked.id = done.id
-WHERE job.id = done.id
-  AND job.lease_generation = done.lease_generation
-  AND job.claimed_by = %(worker_id)s
-  AND job.status = 'processing'
-RETURNING job.id
+SELECT completed.id
+FROM completed
+CROSS JOIN refreshed
 
 
 -- name: fail_if_leased
--- Record a failed attempt: retry after a backoff, or dead-letter when the error is
--- permanent or the attempts are used up. The backoff is computed here, on the database
--- clock: min(retry_max, retry_base * 2^(attempts - 1)) * (1 + retry_jitter * u), u in [-1, 1).
-UPDATE django_pgqueue_job AS job
-SET status = CASE
-        WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN 'dead_letter'
-        ELSE 'pending'
-    END,
-    available_at = CASE
-        WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN job.available_at
-        ELSE now() + make_interval(secs =>
-            LEAST(%(retry_max)s, %(retry_base)s * power(2.0, GREATEST(job.attempts - 1, 0)))
-            * (1 + %(retry_jitter)s * (2 * random() - 1)))
-    END,
-    finished_at = CASE
-        WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN now()
-    END,
-    claimed_by = CASE
-        WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN job.claimed_by
-    END,
-    lease_expires_at = NULL,
-    last_error = %(message)s::text,
-    last_error_class = %(error_class)s::text,
-    errors = job.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', job.attempts,
-        'exception_class', %(error_class)s::text,
-        'message', %(message)s::text,
-        'traceback', %(traceback)s::text,
-        'worker', %(worker_id)s::text,
-        'at', now()
-    ))
-WHERE job.id = %(job_id)s
-  AND job.lease_generation = %(lease_generation)s
-  AND job.claimed_by = %(worker_id)s::text
-  AND job.status = 'processing'
-RETURNING job.id, job.status, job.available_at, job.attempts, job.max_attempts
+-- Record a failed attempt: retry after a backoff, or dead-letter the job when the error
+-- is permanent or the attempts are used up; refresh its partition (a retried job stays
+-- its partition's next job: it keeps its place). The backoff is computed here, on the
+-- database clock: min(retry_max, retry_base * 2^(attempts - 1)) * (1 + retry_jitter * u),
+-- u in [-1, 1).
+WITH failed AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = CASE
+            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN 'dead_letter'
+            ELSE 'pending'
+        END,
+        available_at = CASE
+            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN job.available_at
+            ELSE now() + make_interval(secs =>
+                LEAST(%(retry_max)s, %(retry_base)s * power(2.0, GREATEST(job.attempts - 1, 0)))
+                * (1 + %(retry_jitter)s * (2 * random() - 1)))
+        END,
+        finished_at = CASE
+            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN now()
+        END,
+        claimed_by = CASE
+            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN job.claimed_by
+        END,
+        lease_expires_at = NULL,
+        -- The worker ran it, so it knows the task: a later unknown-task wait starts anew.
+        unknown_task_since = NULL,
+        last_error = %(message)s::text,
+        last_error_class = %(error_class)s::text,
+        errors = job.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', job.attempts,
+            'exception_class', %(error_class)s::text,
+            'message', %(message)s::text,
+            'traceback', %(traceback)s::text,
+            'worker', %(worker_id)s::text,
+            'at', now()
+        ))
+    WHERE job.id = %(job_id)s
+      AND job.lease_generation = %(lease_generation)s
+      AND job.claimed_by = %(worker_id)s::text
+      AND job.status = 'processing'
+    RETURNING job.id, job.status, job.available_at, job.attempts, job.max_attempts,
+        job.partition_key
+)
+SELECT failed.id, failed.status, failed.available_at, failed.attempts, failed.max_attempts,
+    django_pgqueue_refresh_partitions(ARRAY[failed.partition_key]) AS partitions
+FROM failed
 
 
 -- name: extend_lease_if_leased
@@ -223,8 +310,13 @@ RETURNING id, lease_expires_at
 
 
 -- name: extend_leases_if_leased
--- Push many leases' expiry to now() + lease_seconds; returns the ids still held.
--- leases is one JSON document, [[job id, lease generation], ...].
+-- Push many leases' expiry to now() + lease_seconds, never waiting on a row lock.
+-- leases is one JSON document, [[job id, lease generation], ...]. Returns one row per
+-- lease (id, generation) with held = true (extended) or false (the row is locked right now, by an atomic
+-- task's open transaction say, but still carries this lease: try again next beat).
+-- A lease that is in neither list was lost. Rows are locked only if they still carry
+-- the lease, so a lease that moved to another worker is never locked here; and SKIP
+-- LOCKED means the heartbeat holds no lock while it waits for another.
 WITH held AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
     FROM jsonb_array_elements(%(leases)s::jsonb) AS item
@@ -232,24 +324,41 @@ WITH held AS (
 locked AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
+    JOIN held ON held.id = job.id AND held.lease_generation = job.lease_generation
     WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
+      AND job.claimed_by = %(worker_id)s
+      AND job.status = 'processing'
     ORDER BY job.id
-    FOR UPDATE
+    FOR UPDATE OF job SKIP LOCKED
+),
+extended AS (
+    UPDATE django_pgqueue_job AS job
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+    FROM held
+    JOIN locked ON locked.id = held.id
+    WHERE job.id = held.id
+      AND job.lease_generation = held.lease_generation
+      AND job.claimed_by = %(worker_id)s
+      AND job.status = 'processing'
+    RETURNING job.id, job.lease_generation
 )
-UPDATE django_pgqueue_job AS job
-SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM held
-JOIN locked ON locked.id = held.id
-WHERE job.id = held.id
-  AND job.lease_generation = held.lease_generation
+SELECT extended.id, extended.lease_generation, true AS held
+FROM extended
+UNION ALL
+-- Still this worker's lease as of this statement's snapshot, but locked by someone else.
+SELECT job.id, job.lease_generation, false AS held
+FROM django_pgqueue_job AS job
+JOIN held ON held.id = job.id AND held.lease_generation = job.lease_generation
+WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
   AND job.claimed_by = %(worker_id)s
   AND job.status = 'processing'
-RETURNING job.id
+  AND job.id <> ALL (ARRAY(SELECT locked.id FROM locked))
 
 
 -- name: release_if_leased
 -- Give a leased job back without using up an attempt, available again after delay_seconds.
 -- The generation is bumped, so a late completion by the releasing worker is fenced off.
+-- unknown_since, when given, starts the unknown-task window (kept if already started).
 WITH released AS (
     UPDATE django_pgqueue_job
     SET status = 'pending',
@@ -258,19 +367,22 @@ WITH released AS (
         claimed_by = NULL,
         lease_expires_at = NULL,
         available_at = now() + make_interval(secs => %(delay_seconds)s),
-        last_error = COALESCE(%(reason)s, last_error)
+        last_error = COALESCE(%(reason)s, last_error),
+        last_error_class = COALESCE(%(reason_class)s, last_error_class),
+        unknown_task_since = COALESCE(unknown_task_since, %(unknown_since)s::timestamptz)
     WHERE id = %(job_id)s
       AND lease_generation = %(lease_generation)s
       AND claimed_by = %(worker_id)s
       AND status = 'processing'
-    RETURNING id, queue, available_at
+    RETURNING id, queue, available_at, partition_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, released.queue)
     FROM released
     WHERE released.available_at <= now()
 )
-SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notified
+SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notified,
+    django_pgqueue_refresh_partitions(ARRAY[released.partition_key]) AS partitions
 FROM released
 
 
@@ -283,9 +395,12 @@ WITH held AS (
 locked AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
+    JOIN held ON held.id = job.id AND held.lease_generation = job.lease_generation
     WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
+      AND job.claimed_by = %(worker_id)s
+      AND job.status = 'processing'
     ORDER BY job.id
-    FOR UPDATE
+    FOR UPDATE OF job
 ),
 released AS (
     UPDATE django_pgqueue_job AS job
@@ -302,14 +417,20 @@ released AS (
       AND job.lease_generation = held.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-    RETURNING job.id, job.queue
+    RETURNING job.id, job.queue, job.partition_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT released.queue FROM released) AS ready
+),
+refreshed AS (
+    SELECT django_pgqueue_refresh_partitions(ARRAY(
+        SELECT released.partition_key FROM released WHERE released.partition_key IS NOT NULL
+    )) AS partitions
 )
 SELECT released.id, (SELECT count(*) FROM woken) AS notified
 FROM released
+CROSS JOIN refreshed
 
 
 -- name: set_step_if_leased

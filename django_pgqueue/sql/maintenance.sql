@@ -1,9 +1,11 @@
 -- Housekeeping: recovering expired leases, pruning, the worker registry and statistics.
 --
--- One worker at a time runs a housekeeping pass, inside one transaction that holds a
--- transaction-level advisory lock (try_housekeeping_lock). Transaction-level, not
--- session-level: it is released by COMMIT, so it also works behind PgBouncer in
--- transaction pooling mode, and a crashed worker cannot leave it held.
+-- One worker at a time runs each housekeeping step, each in its own short transaction
+-- that first takes a transaction-level advisory lock (try_housekeeping_lock).
+-- Transaction-level, not session-level: it is released by COMMIT, so it also works
+-- behind PgBouncer in transaction pooling mode, and a crashed worker cannot leave it held.
+-- Short transactions: a row reaped or a worker marked dead is not kept locked while the
+-- pass goes on pruning, so no heartbeat or outcome write waits on housekeeping.
 
 
 -- name: try_housekeeping_lock
@@ -27,33 +29,42 @@ WITH expired AS (
     ORDER BY job.lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+reaped AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = CASE WHEN job.attempts >= job.max_attempts THEN 'dead_letter' ELSE 'pending' END,
+        available_at = CASE
+            WHEN job.attempts >= job.max_attempts THEN job.available_at
+            ELSE now() + make_interval(secs =>
+                LEAST(%(retry_max)s, %(retry_base)s * power(2.0, GREATEST(job.attempts - 1, 0)))
+                * (1 + %(retry_jitter)s * (2 * random() - 1)))
+        END,
+        finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
+        claimed_by = CASE WHEN job.attempts >= job.max_attempts THEN job.claimed_by END,
+        lease_expires_at = NULL,
+        last_error = 'lease expired: worker ' || job.claimed_by
+            || ' stopped extending it (crashed, killed or cut off from the database)',
+        last_error_class = 'django_pgqueue.exceptions.LeaseExpired',
+        errors = job.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', job.attempts,
+            'exception_class', 'django_pgqueue.exceptions.LeaseExpired',
+            'message', 'lease expired: worker ' || job.claimed_by || ' stopped extending it',
+            'traceback', '',
+            'worker', job.claimed_by,
+            'at', now()
+        ))
+    WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
+      AND job.status = 'processing'
+      AND job.lease_expires_at < now()
+    RETURNING job.id, job.status, job.queue, job.partition_key
 )
-UPDATE django_pgqueue_job AS job
-SET status = CASE WHEN job.attempts >= job.max_attempts THEN 'dead_letter' ELSE 'pending' END,
-    available_at = CASE
-        WHEN job.attempts >= job.max_attempts THEN job.available_at
-        ELSE now() + make_interval(secs =>
-            LEAST(%(retry_max)s, %(retry_base)s * power(2.0, GREATEST(job.attempts - 1, 0)))
-            * (1 + %(retry_jitter)s * (2 * random() - 1)))
-    END,
-    finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
-    claimed_by = CASE WHEN job.attempts >= job.max_attempts THEN job.claimed_by END,
-    lease_expires_at = NULL,
-    last_error = 'lease expired: worker ' || job.claimed_by
-        || ' stopped extending it (crashed, killed or cut off from the database)',
-    last_error_class = 'django_pgqueue.exceptions.LeaseExpired',
-    errors = job.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', job.attempts,
-        'exception_class', 'django_pgqueue.exceptions.LeaseExpired',
-        'message', 'lease expired: worker ' || job.claimed_by || ' stopped extending it',
-        'traceback', '',
-        'worker', job.claimed_by,
-        'at', now()
-    ))
-WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
-  AND job.status = 'processing'
-  AND job.lease_expires_at < now()
-RETURNING job.id, job.status, job.queue
+SELECT reaped.id, reaped.status, reaped.queue
+FROM reaped
+CROSS JOIN (
+    SELECT django_pgqueue_refresh_partitions(ARRAY(
+        SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
+    )) AS partitions
+) AS refreshed
 
 
 -- name: prune_finished
@@ -86,6 +97,63 @@ WITH doomed AS (
 )
 DELETE FROM django_pgqueue_job AS job
 WHERE job.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
+
+
+-- name: partitions_out_of_date
+-- Partitions whose row disagrees with the job table, for repair_partitions to refresh: a
+-- running job that is no longer processing (uses pgq_partition_running), or a partition
+-- with pending jobs whose row is missing or names another next job. Normally there are
+-- none (every statement keeps the rows); they come from producers of a release before
+-- 0.2 (a rolling deploy) or from rows changed by hand. The pending side is a skip scan of
+-- pgq_job_part_pending, one index probe per partition, after the key after_key and at
+-- most scan_limit partitions per call: the row with kind 'scanned' names the last key
+-- scanned (NULL when the scan reached the end, so the next call starts over).
+WITH RECURSIVE pending_partitions (partition_key, head_id, seen) AS (
+    (
+        SELECT job.partition_key, job.id, 1
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.partition_key > %(after_key)s
+        ORDER BY job.partition_key, job.id
+        LIMIT 1
+    )
+    UNION ALL
+    SELECT next_key.partition_key, next_key.id, pending_partitions.seen + 1
+    FROM pending_partitions
+    CROSS JOIN LATERAL (
+        SELECT job.partition_key, job.id
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.partition_key > pending_partitions.partition_key
+        ORDER BY job.partition_key, job.id
+        LIMIT 1
+    ) AS next_key
+    WHERE pending_partitions.seen < %(scan_limit)s
+)
+SELECT pending_partitions.partition_key, 'next_job' AS kind
+FROM pending_partitions
+LEFT JOIN django_pgqueue_partition AS part
+    ON part.partition_key = pending_partitions.partition_key
+WHERE part.partition_key IS NULL
+   OR (part.running_id IS NULL AND part.head_id IS DISTINCT FROM pending_partitions.head_id)
+UNION ALL
+SELECT part.partition_key, 'running_job'
+FROM django_pgqueue_partition AS part
+WHERE part.running_id IS NOT NULL
+  AND NOT EXISTS (
+      SELECT 1 FROM django_pgqueue_job AS job
+      WHERE job.id = part.running_id AND job.status = 'processing'
+  )
+UNION ALL
+SELECT (
+    SELECT max(pending_partitions.partition_key) FROM pending_partitions
+    HAVING count(*) >= %(scan_limit)s
+), 'scanned'
+
+
+-- name: repair_partitions
+-- Refresh the given partitions from the job table (see partitions_out_of_date).
+SELECT django_pgqueue_refresh_partitions(%(partition_keys)s::text[]) AS refreshed
 
 
 -- name: register_worker

@@ -6,6 +6,9 @@
 -- job is never changed here; the state machine keeps operators to pending and terminal
 -- rows. Rows are found by primary key; "= ANY (ARRAY(...))" keeps that true in the
 -- generic plans of prepared statements.
+-- A partitioned job moved here leaves a partition signal (see enqueue.sql) rather than
+-- refreshing its partition: an operator's transaction may stay open for a while, and a
+-- partition row it locked would hold up the workers' bookkeeping.
 
 
 -- name: retry_jobs
@@ -28,14 +31,19 @@ retried AS (
         claimed_by = NULL,
         claimed_at = NULL,
         lease_expires_at = NULL,
-        result = NULL
+        result = NULL,
+        unknown_task_since = NULL
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status IN ('dead_letter', 'cancelled')
-    RETURNING job.id, job.queue
+    RETURNING job.id, job.queue, job.partition_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT retried.queue FROM retried) AS ready
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT DISTINCT retried.partition_key FROM retried WHERE retried.partition_key IS NOT NULL
 )
 SELECT retried.id, (SELECT count(*) FROM woken) AS notified
 FROM retried
@@ -61,11 +69,15 @@ readied AS (
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'pending'
       AND COALESCE(job.available_at, now()) > now()
-    RETURNING job.id, job.queue
+    RETURNING job.id, job.queue, job.partition_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT readied.queue FROM readied) AS ready
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT DISTINCT readied.partition_key FROM readied WHERE readied.partition_key IS NOT NULL
 )
 SELECT readied.id, (SELECT count(*) FROM woken) AS notified
 FROM readied
@@ -80,14 +92,22 @@ WITH target AS (
       AND job.status = 'pending'
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
+),
+cancelled AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = 'cancelled',
+        finished_at = now(),
+        last_error = COALESCE(%(reason)s, job.last_error)
+    WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
+      AND job.status = 'pending'
+    RETURNING job.id, job.partition_key
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT DISTINCT cancelled.partition_key FROM cancelled
+    WHERE cancelled.partition_key IS NOT NULL
 )
-UPDATE django_pgqueue_job AS job
-SET status = 'cancelled',
-    finished_at = now(),
-    last_error = COALESCE(%(reason)s, job.last_error)
-WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
-  AND job.status = 'pending'
-RETURNING job.id
+SELECT cancelled.id FROM cancelled
 
 
 -- name: discard_jobs

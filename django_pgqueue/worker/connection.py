@@ -13,7 +13,7 @@ from django.db import utils as django_db_utils
 from ..manager import PsycopgRunner, QueueStore
 from ..pgconn import connect
 
-__all__ = ["CONNECTION_ERRORS", "ConnectionSlot"]
+__all__ = ["CONNECTION_ERRORS", "TRANSIENT_ERRORS", "ConnectionSlot"]
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -26,6 +26,17 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.InterfaceError,
     django_db_utils.OperationalError,
     django_db_utils.InterfaceError,
+)
+
+
+#: Errors after which the same statement may well succeed on the same connection: the
+#: statement was chosen as a deadlock victim, hit a lock or statement timeout, or a
+#: serialization failure. Retried; never a reason to stop a worker.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.QueryCanceled,
+    psycopg.errors.SerializationFailure,
 )
 
 

@@ -17,6 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import close_old_connections, transaction
@@ -98,7 +99,13 @@ class TaskResolver:
 
 @dataclass(slots=True, eq=False)
 class InFlight:
-    """A job this worker holds a lease on, from claim until its outcome is recorded."""
+    """One attempt this worker holds a lease on, from claim until its outcome is recorded.
+
+    Keyed by :attr:`key` (job id and lease generation), never by job id alone: the same
+    process may hold a new attempt of a job while an older attempt's handler still runs
+    (the process was paused past its lease, say), and the two must not touch each
+    other's bookkeeping.
+    """
 
     job: ClaimedJob
     entry: TaskEntry | None
@@ -106,11 +113,19 @@ class InFlight:
     claimed_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     deadline: float | None = None
-    #: The worker gave up on the job (lease lost, timed out, released at shutdown):
-    #: whatever its handler returns later is dropped, never written.
+    #: The worker gave up on the attempt (lease lost, released at shutdown): whatever
+    #: its handler returns later is dropped, never written.
     abandoned: bool = False
+    #: The handler ran past its timeout and has been asked to stop; it keeps its lease,
+    #: slot and partition until it returns, and then the attempt fails with JobTimeout.
+    overdue: bool = False
     #: Its handler is still running (or queued to run) in this process.
     busy: bool = True
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Return (job id, lease generation): this attempt's identity."""
+        return (self.job.id, self.job.lease_generation)
 
 
 class OutcomeKind(enum.Enum):
@@ -133,6 +148,10 @@ class Outcome:
     failure: Failure | None = None
     delay: float = 0.0
     reason: str | None = None
+    #: Shown as the job's last error class while it waits (a release only).
+    reason_class: str | None = None
+    #: Starts the unknown-task window (a release for an unknown task only).
+    unknown_since: datetime | None = None
     duration: float = 0.0
     #: Set once the outcome is recorded, so a retry after a connection loss skips it.
     written: bool = False
@@ -302,7 +321,13 @@ class JobRunner:
         task_result = self._task_result(flight)
         if entry.atomic:
             return self._run_atomic(flight, task_result, started)
-        args = self._call_arguments(flight, task_result, lambda step: self._record_step(job, step))
+        # Step writes go through this thread's own Django connection: they never queue
+        # behind another job's bookkeeping (and join the handler's transaction, if it
+        # opened one).
+        store = QueueStore(DjangoRunner(self.database))
+        args = self._call_arguments(
+            flight, task_result, lambda step: store.set_step_if_leased(job.lease, step)
+        )
         try:
             task_started.send(PgQueueBackend, task_result=task_result)
             value = entry.func(*args, **job.kwargs)

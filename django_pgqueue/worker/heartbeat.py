@@ -1,10 +1,15 @@
 """The heartbeat: keeps leases and the registry row fresh, and the bucket ring current.
 
 It runs on its own thread and connection, so a busy or stuck handler can never delay a
-lease extension. Each beat, in order of importance:
+lease extension, and nothing else uses that connection (step writes go through the
+handler's own connection). No statement here waits on a row lock: each is one short
+autocommit statement, and the extension skips locked rows. Each beat, in order of
+importance:
 
-1. extend every held lease in one statement; leases that came back missing were lost
-   (expired and taken over, or changed by an operator) and the worker abandons them;
+1. extend every held lease in one statement; a lease whose row is locked right now (an
+   atomic task's open transaction) is still held, and is extended at a later beat;
+   leases that came back missing were lost (expired and taken over, or changed by an
+   operator) and the worker abandons them;
 2. refresh the worker's registry row;
 3. rebuild the partition-bucket ring from the live workers;
 4. add the finished-job counters to the per-minute statistics.
@@ -66,13 +71,15 @@ class Heartbeat(threading.Thread):
         worker_timeout: float,
         vnodes: int,
         held_leases: Callable[[], list[Lease]],
-        on_leases_lost: Callable[[set[int]], None],
+        on_leases_lost: Callable[[list[Lease]], None],
         take_counts: Callable[[], list[QueueCounts]],
         set_masks: Callable[[tuple[str | None, ...]], None],
         status: Callable[[], str],
         metadata: dict[str, Any],
+        overdue: Callable[[], list[int]] = list,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
+        self._overdue = overdue
         self._slot = slot
         self._worker_id = worker_id
         self._queues = tuple(queues)
@@ -128,15 +135,21 @@ class Heartbeat(threading.Thread):
         """Run one beat (public for tests)."""
         leases = self._held_leases()
         if leases:
-            held = self._slot.run(
+            extension = self._slot.run(
                 lambda store: store.extend_leases_if_leased(
                     self._worker_id, leases, self._lease_seconds
                 )
             )
-            lost = {lease.job_id for lease in leases} - held
+            kept = extension.held | extension.busy
+            lost = [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
             if lost:
                 self._on_leases_lost(lost)
-        metadata = {**self._metadata, "owned_buckets": self._owned}
+        # Shown in the admin: a handler past its timeout that Python cannot stop.
+        metadata = {
+            **self._metadata,
+            "owned_buckets": self._owned,
+            "overdue_jobs": self._overdue(),
+        }
         self._slot.run(
             lambda store: store.heartbeat_worker(
                 self._worker_id,

@@ -1,6 +1,6 @@
 """Housekeeping: recover expired leases, mark silent workers dead, prune old rows.
 
-Every worker runs the loop; in each pass only the one that takes the transaction-level
+Every worker runs the loop; in each step only the one that takes the transaction-level
 advisory lock does the work, so exactly one worker at a time does it, also behind
 PgBouncer in transaction mode (the lock dies with the transaction).
 """
@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..conf import conf
+from ..manager import QueueStore
 from ..retry import RetryPolicy
-from .connection import CONNECTION_ERRORS, ConnectionSlot
+from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 
-__all__ = ["Housekeeper", "HousekeepingReport"]
+__all__ = ["Housekeeper", "HousekeepingReport", "PartitionRepair", "run_pass"]
+
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -34,6 +37,7 @@ class HousekeepingReport:
     dead_lettered: int = 0
     workers_marked_dead: int = 0
     pruned: int = 0
+    partitions_repaired: int = 0
 
     @property
     def more_to_do(self) -> bool:
@@ -41,43 +45,112 @@ class HousekeepingReport:
         return self.reaped >= REAP_BATCH or self.pruned >= conf.PRUNE_BATCH_SIZE
 
 
-def run_pass(slot: ConnectionSlot, *, worker_timeout: float) -> HousekeepingReport:
-    """Run one housekeeping pass in one transaction, if this process wins the lock."""
+def _step[T](slot: ConnectionSlot, work: Callable[[QueueStore], T]) -> tuple[bool, T | None]:
+    """Run one housekeeping step in its own short transaction, if the lock is free.
+
+    Short transactions: a reaped row or a worker marked dead is not kept locked while
+    the pass goes on pruning, so no heartbeat or outcome write waits on housekeeping.
+    """
     connection = slot.connection
     store = slot.store
     with connection.transaction():
         if not store.try_housekeeping_lock():
-            return HousekeepingReport(ran=False)
-        reaped = store.reap_expired(limit=REAP_BATCH, policy=RetryPolicy.from_settings())
-        dead_workers = store.mark_silent_workers_dead(timeout_seconds=worker_timeout)
-        pruned = 0
-        retention = conf.RETENTION_SECONDS
-        if retention is not None:
-            pruned += store.prune_finished(retention_seconds=retention, limit=conf.PRUNE_BATCH_SIZE)
-        dead_retention = conf.DEAD_LETTER_RETENTION_SECONDS
-        if dead_retention is not None:
-            pruned += store.prune_dead_letters(
+            return False, None
+        return True, work(store)
+
+
+def run_pass(
+    slot: ConnectionSlot, *, worker_timeout: float, repair: PartitionRepair | None = None
+) -> HousekeepingReport:
+    """Run one housekeeping pass, each step in its own transaction, if this process wins
+    the lock (each step takes it again; another worker may do the next one)."""
+    ran, reaped = _step(
+        slot, lambda store: store.reap_expired(limit=REAP_BATCH, policy=RetryPolicy.from_settings())
+    )
+    if not ran:
+        return HousekeepingReport(ran=False)
+    reaped = reaped or []
+    _, dead = _step(
+        slot, lambda store: store.mark_silent_workers_dead(timeout_seconds=worker_timeout)
+    )
+    dead_workers = dead or []
+    pruned = 0
+    retention = conf.RETENTION_SECONDS
+    if retention is not None:
+        _, count = _step(
+            slot,
+            lambda store: store.prune_finished(
+                retention_seconds=retention, limit=conf.PRUNE_BATCH_SIZE
+            ),
+        )
+        pruned += count or 0
+    dead_retention = conf.DEAD_LETTER_RETENTION_SECONDS
+    if dead_retention is not None:
+        _, count = _step(
+            slot,
+            lambda store: store.prune_dead_letters(
                 retention_seconds=dead_retention, limit=conf.PRUNE_BATCH_SIZE
-            )
-        store.prune_dead_workers(retention_seconds=DEAD_WORKER_RETENTION_SECONDS)
-        store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS)
+            ),
+        )
+        pruned += count or 0
+    _step(
+        slot,
+        lambda store: store.prune_dead_workers(retention_seconds=DEAD_WORKER_RETENTION_SECONDS),
+    )
+    _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
+    repaired = 0
+    if repair is not None:
+        _, fixed = _step(slot, repair.run)
+        repaired = fixed or 0
     report = HousekeepingReport(
         ran=True,
         reaped=len(reaped),
         dead_lettered=sum(1 for job in reaped if job.status == "dead_letter"),
         workers_marked_dead=len(dead_workers),
         pruned=pruned,
+        partitions_repaired=repaired,
     )
-    if reaped or dead_workers or pruned:
+    if reaped or dead_workers or pruned or repaired:
         logger.info(
             "housekeeping: %d expired leases recovered (%d dead-lettered), %d silent workers "
-            "marked dead, %d old jobs pruned",
+            "marked dead, %d old jobs pruned, %d partitions repaired",
             report.reaped,
             report.dead_lettered,
             report.workers_marked_dead,
             report.pruned,
+            report.partitions_repaired,
         )
     return report
+
+
+class PartitionRepair:
+    """Finds partitions whose claim state disagrees with the job table and refreshes them.
+
+    Normally there are none: every statement keeps the partition rows. The sweep covers
+    what no statement of this release wrote: jobs enqueued or finished by a worker or
+    web server of an older release during a rolling deploy, and rows changed by hand. It
+    walks the partitions with pending jobs a slice at a time (SCAN_LIMIT per pass), so a
+    pass costs the same however many partitions there are.
+    """
+
+    SCAN_LIMIT = 2000
+
+    def __init__(self) -> None:
+        self._after = ""
+
+    def run(self, store: QueueStore) -> int:
+        """Check the next slice of partitions and repair what disagrees; return how many."""
+        keys, resume = store.partitions_out_of_date(
+            after_key=self._after, scan_limit=self.SCAN_LIMIT
+        )
+        self._after = resume or ""
+        if keys:
+            logger.warning(
+                "housekeeping: %d partitions had out-of-date claim state (written by an "
+                "older release, or by hand); refreshing them",
+                len(keys),
+            )
+        return store.repair_partitions(keys)
 
 
 class Housekeeper(threading.Thread):
@@ -89,6 +162,7 @@ class Housekeeper(threading.Thread):
         self._interval = interval
         self._worker_timeout = worker_timeout
         self._stopping = threading.Event()
+        self._repair = PartitionRepair()
         self.passes = 0
 
     def stop(self) -> None:
@@ -101,13 +175,18 @@ class Housekeeper(threading.Thread):
         try:
             while not self._stopping.wait(delay):
                 try:
-                    report = run_pass(self._slot, worker_timeout=self._worker_timeout)
+                    report = run_pass(
+                        self._slot, worker_timeout=self._worker_timeout, repair=self._repair
+                    )
                     self.passes += 1
                     delay = 0.05 if report.more_to_do else self._interval * random.uniform(0.8, 1.2)  # noqa: S311
                 except CONNECTION_ERRORS as error:
                     self._slot.reset()
                     logger.warning("housekeeping: connection lost (%s)", error)
                     delay = min(self._interval, 2.0)
+                except TRANSIENT_ERRORS as error:
+                    logger.warning("housekeeping: %s; retrying", error)
+                    delay = min(self._interval, 1.0)
                 except Exception:
                     logger.exception("housekeeping pass failed")
                     delay = self._interval

@@ -11,6 +11,7 @@ loop, never inside a handler (which could interrupt a COMMIT).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -23,13 +24,16 @@ from queue import Empty, SimpleQueue
 from types import FrameType
 from typing import Any
 
+import psycopg
+
 from .. import __version__
 from ..conf import conf
 from ..exceptions import ConfigurationError, JobTimeout, LeaseLost, UnknownTask
 from ..manager import ClaimedJob, Failure, Lease, QueueCounts
 from ..retry import RetryPolicy
 from ..states import JobStatus, WorkerStatus
-from .connection import CONNECTION_ERRORS, ConnectionSlot
+from ..storable import storable_failure, storable_text
+from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 from .execution import InFlight, JobRunner, Outcome, OutcomeKind, TaskResolver
 from .heartbeat import Heartbeat
 from .housekeeping import Housekeeper
@@ -54,7 +58,8 @@ class Worker:
         self._stop_requests = 0
         self._wake = threading.Event()
         self._outcomes: SimpleQueue[Outcome] = SimpleQueue()
-        self._flights: dict[int, InFlight] = {}
+        # Keyed by (job id, lease generation): one entry per attempt, see InFlight.
+        self._flights: dict[tuple[int, int], InFlight] = {}
         self._flights_lock = threading.Lock()
         self._undelivered: list[Outcome] = []
         self._masks: tuple[str | None, ...] | None = None
@@ -62,9 +67,14 @@ class Worker:
         self._counts_lock = threading.Lock()
         self._rotation = 0
         self._hungry: dict[str, bool] = {}
+        # Jobs whose unknown task was already reported (a WARNING once per job per worker).
+        self._unknown_reported: dict[int, None] = {}
         self._retry_policy = RetryPolicy.from_settings()
         self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
         self._control = ConnectionSlot(options.database, f"pgqueue heartbeat {self.id}")
+        # Step writes of async tasks: never on the heartbeat's connection, so a step
+        # write cannot delay a lease extension, nor wait for one.
+        self._steps = ConnectionSlot(options.database, f"pgqueue steps {self.id}")
         self._resolver = TaskResolver()
         self._runner = JobRunner(
             backend_alias=options.backend,
@@ -96,10 +106,12 @@ class Worker:
                 self.options.batch_size,
                 self.options.lease_seconds,
             )
+            crashed = True
             try:
                 self._loop()
+                crashed = False
             finally:
-                self._shutdown()
+                self._shutdown(crashed=crashed)
         logger.info("worker %s stopped after %d jobs", self.id, self.processed)
         return 0
 
@@ -189,6 +201,7 @@ class Worker:
             set_masks=self._set_masks,
             status=lambda: str(self.status),
             metadata=self._metadata(),
+            overdue=self._overdue_jobs,
         )
         self._listener.start()
         self._heartbeat.start()
@@ -227,6 +240,10 @@ class Worker:
                     logger.warning("claim failed, the connection was lost (%s)", error)
                     self._wake.wait(0.2)
                     continue
+                except TRANSIENT_ERRORS as error:
+                    logger.warning("claim failed (%s); retrying", error)
+                    self._wake.wait(0.05)
+                    continue
                 for job in claimed:
                     self._dispatch(job)
                 if full:
@@ -240,7 +257,9 @@ class Worker:
         now = time.monotonic()
         with self._flights_lock:
             deadlines = [
-                f.deadline for f in self._flights.values() if f.deadline and not f.abandoned
+                f.deadline
+                for f in self._flights.values()
+                if f.deadline and not f.abandoned and not f.overdue
             ]
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - now) + 0.001)
@@ -248,21 +267,24 @@ class Worker:
 
     def _claim(self, limit: int) -> tuple[list[ClaimedJob], bool]:
         """Claim up to ``limit`` jobs shared fairly between the queues; return them and
-        whether some queue filled its share (so claiming again at once is worthwhile)."""
+        whether claiming again at once is worthwhile (a queue filled its share, or the
+        claim stopped at its total while jobs may remain)."""
         queues, masks, limits = self._shares(limit)
-        claimed = self._slot.run(
-            lambda store: store.claim(
+        round_ = self._slot.run(
+            lambda store: store.claim_round(
                 self.id,
                 queues,
                 per_queue=limits,
                 lease_seconds=self.options.lease_seconds,
                 bucket_masks=masks,
+                total_limit=limit,
             )
         )
+        claimed = round_.jobs
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
-        full = False
+        full = len(claimed) >= limit
         for queue, share in zip(queues, limits, strict=True):
             self._hungry[queue] = got[queue] >= share
             full = full or self._hungry[queue]
@@ -273,33 +295,34 @@ class Worker:
     def _shares(
         self, limit: int
     ) -> tuple[tuple[str, ...], tuple[str | None, ...] | None, list[int]]:
-        """Split ``limit`` between the queues.
+        """Split ``limit`` between the queues, every queue getting at least one slot.
 
-        Queues whose last share came back full ("hungry") split the capacity equally; the
+        Every queue is looked at in every claim: the claim's total is capped at
+        ``limit``, and the queue order rotates, so with fewer slots than queues the
+        queues take turns at the ties without any being skipped. With more slots, queues
+        whose last share came back full ("hungry") split the capacity equally; the
         others get one slot each, enough to notice new work, after which they count as
-        hungry too. With fewer slots than queues, the queues take turns.
+        hungry too.
         """
-        queues = self.options.queues
-        masks = self._masks
-        if limit < len(queues):
-            start = self._rotation % len(queues)
-            self._rotation += limit
-            picked = [(start + offset) % len(queues) for offset in range(limit)]
-            return (
-                tuple(queues[index] for index in picked),
-                tuple(masks[index] for index in picked) if masks else None,
-                [1] * limit,
-            )
+        queues = list(self.options.queues)
+        masks = list(self._masks) if self._masks else None
+        start = self._rotation % len(queues)
+        self._rotation += 1
+        order = [(start + offset) % len(queues) for offset in range(len(queues))]
+        queues = [queues[index] for index in order]
+        if masks is not None:
+            masks = [masks[index] for index in order]
+        if limit <= len(queues):
+            return tuple(queues), tuple(masks) if masks else None, [1] * len(queues)
         hungry = [queue for queue in queues if self._hungry.get(queue, True)]
         if not hungry:
             hungry = list(queues)
         idle = len(queues) - len(hungry)
         share, extra = divmod(limit - idle, len(hungry))
-        # The remainder goes to different hungry queues on successive claims.
-        self._rotation += 1
-        bonus = {hungry[(self._rotation + index) % len(hungry)] for index in range(extra)}
+        # The remainder goes to the first hungry queues of this round's order.
+        bonus = set(hungry[:extra])
         limits = [share + (queue in bonus) if queue in hungry else 1 for queue in queues]
-        return queues, masks, limits
+        return tuple(queues), tuple(masks) if masks else None, limits
 
     def _dispatch(self, job: ClaimedJob) -> None:
         try:
@@ -307,12 +330,12 @@ class Worker:
         except UnknownTask as error:
             flight = InFlight(job, None)
             with self._flights_lock:
-                self._flights[job.id] = flight
+                self._flights[flight.key] = flight
             self._deliver(self._unknown_task_outcome(flight, error))
             return
         flight = InFlight(job, entry)
         with self._flights_lock:
-            self._flights[job.id] = flight
+            self._flights[flight.key] = flight
         if job_logger.isEnabledFor(logging.INFO):
             job_logger.info(
                 "job %s started: task=%s queue=%s attempt=%d/%d",
@@ -329,8 +352,15 @@ class Worker:
             self._pool.submit(flight)
 
     def _unknown_task_outcome(self, flight: InFlight, error: UnknownTask) -> Outcome:
+        """Wait for a worker that knows the task (a rolling deploy), or give up.
+
+        The window starts when the job was first ready and found unknown (kept on the
+        row across releases), not when it was created: a job scheduled hours ahead is
+        not dead-lettered the moment it becomes ready.
+        """
         job = flight.job
-        waited = (job.claimed_at - job.created_at).total_seconds()
+        since = job.unknown_task_since or job.available_at
+        waited = max(0.0, (job.claimed_at - since).total_seconds())
         window = conf.UNKNOWN_TASK_TIMEOUT_SECONDS
         if waited >= window:
             failure = Failure(
@@ -340,11 +370,34 @@ class Worker:
                 permanent=True,
             )
             return Outcome(flight, OutcomeKind.FAILED, failure=failure)
-        # Wait for a worker that knows the task (a rolling deploy), without burning an
-        # attempt, backing off from 1 to 60 seconds.
+        if job.id not in self._unknown_reported:
+            self._unknown_reported[job.id] = None
+            while len(self._unknown_reported) > 10_000:  # bounded: forget the oldest
+                del self._unknown_reported[next(iter(self._unknown_reported))]
+            logger.warning(
+                "job %s: this worker cannot import task %r (%s). The job waits, without "
+                "using an attempt, for a worker that knows the task: deploy the code that "
+                "defines it and restart the workers. It is dead-lettered if none does "
+                "within %.0fs of when it became ready (UNKNOWN_TASK_TIMEOUT_SECONDS).",
+                job.id,
+                job.task_path,
+                error.reason,
+                window,
+            )
+        # Back off from 1 to 60 seconds without burning an attempt.
         delay = min(60.0, max(1.0, waited / 4))
-        reason = f"unknown task on worker {self.id}: {error.reason}; retrying in {delay:.0f}s"
-        return Outcome(flight, OutcomeKind.RELEASE, delay=delay, reason=reason)
+        reason = (
+            f"waiting for a worker that knows this task: {job.task_path!r} could not be "
+            f"imported by worker {self.id} ({error.reason}); retrying in {delay:.0f}s"
+        )
+        return Outcome(
+            flight,
+            OutcomeKind.RELEASE,
+            delay=delay,
+            reason=reason,
+            reason_class=f"{UnknownTask.__module__}.{UnknownTask.__qualname__}",
+            unknown_since=since,
+        )
 
     def _deliver(self, outcome: Outcome) -> None:
         outcome.flight.busy = False
@@ -353,7 +406,12 @@ class Worker:
 
     # ------------------------------------------------------------------ recording
     def _record_outcomes(self) -> bool:
-        """Write every delivered outcome; return False if the database was unreachable."""
+        """Write every delivered outcome; return False if the database was unreachable.
+
+        Recording never crashes the worker: an outcome the database refuses is written
+        on its own, made storable, and as a last resort recorded as a failure of that
+        job alone (see _write_one).
+        """
         outcomes = self._undelivered
         self._undelivered = []
         while True:
@@ -363,64 +421,160 @@ class Worker:
                 break
         if not outcomes:
             return True
+        for outcome in outcomes:
+            self._settle_timeout(outcome)
         try:
             self._slot.run(lambda store: self._write_outcomes(store, outcomes))
         except CONNECTION_ERRORS as error:
             logger.warning("recording %d outcomes failed (%s); will retry", len(outcomes), error)
             self._undelivered = [outcome for outcome in outcomes if not outcome.written]
             return False
+        except TRANSIENT_ERRORS as error:
+            logger.warning("recording %d outcomes failed (%s); will retry", len(outcomes), error)
+            self._undelivered = [outcome for outcome in outcomes if not outcome.written]
         return True
 
+    def _settle_timeout(self, outcome: Outcome) -> None:
+        """Turn the late outcome of a handler that outlived its timeout into JobTimeout."""
+        flight = outcome.flight
+        if not flight.overdue or flight.abandoned:
+            return
+        if outcome.kind not in (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED):
+            return
+        assert flight.entry is not None
+        outcome.kind = OutcomeKind.FAILED
+        outcome.failure = Failure(
+            exception_class=f"{JobTimeout.__module__}.{JobTimeout.__qualname__}",
+            message=f"{flight.job.task_path} ran longer than its timeout of "
+            f"{flight.entry.timeout}s (it returned after {outcome.duration:.1f}s; its "
+            "result was discarded)",
+        )
+
     def _write_outcomes(self, store: Any, outcomes: list[Outcome]) -> None:
+        pending = [o for o in outcomes if not o.written]
         successes = [
-            o for o in outcomes if o.kind is OutcomeKind.SUCCEEDED and not o.flight.abandoned
+            o for o in pending if o.kind is OutcomeKind.SUCCEEDED and not o.flight.abandoned
         ]
         if successes:
-            done = store.complete_many_if_leased(
-                self.id, [(o.flight.job.lease, o.result_json) for o in successes]
-            )
-            for outcome in successes:
-                self._finish(
-                    outcome, "succeeded" if outcome.flight.job.id in done else "lease lost"
+            try:
+                done = store.complete_many_if_leased(
+                    self.id, [(o.flight.job.lease, o.result_json) for o in successes]
                 )
-        for outcome in outcomes:
-            flight = outcome.flight
-            if outcome.kind is OutcomeKind.SUCCEEDED and not flight.abandoned:
-                continue  # recorded above
-            if flight.abandoned or outcome.kind is OutcomeKind.LOST:
-                self._finish(outcome, "abandoned" if flight.abandoned else "lease lost")
-            elif outcome.kind is OutcomeKind.COMMITTED:
+            except CONNECTION_ERRORS + TRANSIENT_ERRORS:
+                raise
+            except psycopg.Error as error:
+                # One result the database refuses must not fail the others: write each
+                # on its own (below).
+                logger.warning("recording %d results together failed (%s)", len(successes), error)
+            else:
+                for outcome in successes:
+                    self._finish(
+                        outcome, "succeeded" if outcome.flight.job.id in done else "lease lost"
+                    )
+        for outcome in pending:
+            if outcome.written:
+                continue
+            self._write_one(store, outcome)
+
+    def _write_one(self, store: Any, outcome: Outcome) -> None:
+        flight = outcome.flight
+        try:
+            if outcome.kind is OutcomeKind.COMMITTED:
+                # The atomic task completed the job in its own transaction: that is what
+                # the database recorded, whatever happened to the lease since.
                 self._finish(outcome, "succeeded")
+            elif flight.abandoned or outcome.kind is OutcomeKind.LOST:
+                self._finish(outcome, "abandoned" if flight.abandoned else "lease lost")
+            elif outcome.kind is OutcomeKind.SUCCEEDED:
+                self._complete_one(store, outcome)
             elif outcome.kind is OutcomeKind.FAILED:
-                assert outcome.failure is not None
-                try:
-                    result = store.fail_if_leased(
-                        flight.job.lease, outcome.failure, self._retry_policy
-                    )
-                    label = (
-                        "dead-lettered"
-                        if result.status is JobStatus.DEAD_LETTER
-                        else "failed, will retry"
-                    )
-                except LeaseLost:
-                    label = "failed (lease lost)"
-                self._finish(outcome, label)
+                self._fail_one(store, outcome)
             elif outcome.kind is OutcomeKind.RELEASE:
                 try:
                     store.release_if_leased(
-                        flight.job.lease, delay_seconds=outcome.delay, reason=outcome.reason
+                        flight.job.lease,
+                        delay_seconds=outcome.delay,
+                        reason=storable_text(outcome.reason or "", 10_000) or None,
+                        reason_class=outcome.reason_class,
+                        unknown_since=outcome.unknown_since,
                     )
                     label = "released"
                 except LeaseLost:
                     label = "release refused (lease lost)"
                 self._finish(outcome, label)
+        except CONNECTION_ERRORS + TRANSIENT_ERRORS:
+            raise
+        except psycopg.Error:
+            logger.exception(
+                "job %s: its outcome could not be recorded; its lease will expire and it "
+                "will be retried",
+                flight.job.id,
+            )
+            self._finish(outcome, "not recorded")
+
+    def _complete_one(self, store: Any, outcome: Outcome) -> None:
+        lease = outcome.flight.job.lease
+        try:
+            done = store.complete_many_if_leased(self.id, [(lease, outcome.result_json)])
+        except CONNECTION_ERRORS + TRANSIENT_ERRORS:
+            raise
+        except psycopg.Error as error:
+            # The work is done: a retry would do it twice. Keep the success, not the value.
+            logger.warning(
+                "job %s: its result could not be stored (%s); recording the success with a "
+                "note instead of the result",
+                lease.job_id,
+                type(error).__name__,
+            )
+            note = json.dumps(
+                {
+                    "django_pgqueue": "result not stored",
+                    "reason": storable_text(str(error).splitlines()[0] if str(error) else "", 500),
+                }
+            )
+            done = store.complete_many_if_leased(self.id, [(lease, note)])
+        self._finish(outcome, "succeeded" if lease.job_id in done else "lease lost")
+
+    def _fail_one(self, store: Any, outcome: Outcome) -> None:
+        assert outcome.failure is not None
+        lease = outcome.flight.job.lease
+        failure = storable_failure(outcome.failure)
+        outcome.failure = failure
+        try:
+            try:
+                result = store.fail_if_leased(lease, failure, self._retry_policy)
+            except CONNECTION_ERRORS + TRANSIENT_ERRORS:
+                raise
+            except psycopg.Error as error:
+                logger.warning(
+                    "job %s: its failure could not be stored as raised (%s); recording a "
+                    "plain failure",
+                    lease.job_id,
+                    type(error).__name__,
+                )
+                plain = Failure(
+                    exception_class=storable_text(failure.exception_class, 255),
+                    message="the error could not be stored "
+                    f"({type(error).__name__}); see the worker's log",
+                    permanent=failure.permanent,
+                )
+                result = store.fail_if_leased(lease, plain, self._retry_policy)
+            label = (
+                "dead-lettered" if result.status is JobStatus.DEAD_LETTER else "failed, will retry"
+            )
+        except LeaseLost:
+            label = "failed (lease lost)"
+        self._finish(outcome, label)
 
     def _finish(self, outcome: Outcome, label: str) -> None:
         outcome.written = True
-        job = outcome.flight.job
+        flight = outcome.flight
+        job = flight.job
         with self._flights_lock:
-            self._flights.pop(job.id, None)
-        if outcome.flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
+            # Only this attempt's entry: a newer attempt of the same job is left alone.
+            if self._flights.get(flight.key) is flight:
+                del self._flights[flight.key]
+        if flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
             self.processed += 1
         self._count(job.queue, label)
         if job_logger.isEnabledFor(logging.INFO):
@@ -472,9 +626,21 @@ class Worker:
         with self._flights_lock:
             return [flight.job.lease for flight in self._flights.values() if not flight.abandoned]
 
-    def _leases_lost(self, job_ids: set[int]) -> None:
+    def _overdue_jobs(self) -> list[int]:
         with self._flights_lock:
-            lost = [self._flights[job_id] for job_id in job_ids if job_id in self._flights]
+            return sorted(
+                flight.job.id
+                for flight in self._flights.values()
+                if flight.overdue and flight.busy and not flight.abandoned
+            )
+
+    def _leases_lost(self, leases: list[Lease]) -> None:
+        with self._flights_lock:
+            lost = [
+                flight
+                for lease in leases
+                if (flight := self._flights.get((lease.job_id, lease.lease_generation))) is not None
+            ]
         for flight in lost:
             logger.warning(
                 "job %s: lease lost (generation %d); abandoning it, its result will be dropped",
@@ -495,9 +661,18 @@ class Worker:
         self._masks = masks
 
     def _record_step(self, job: ClaimedJob, step: str | None) -> None:
-        self._control.run(lambda store: store.set_step_if_leased(job.lease, step))
+        # Async tasks only (sync ones write through their own thread's connection).
+        self._steps.run(lambda store: store.set_step_if_leased(job.lease, step))
 
     def _enforce_deadlines(self) -> None:
+        """Ask sync handlers past their timeout to stop; they keep their lease meanwhile.
+
+        Python cannot stop a thread. Failing the job now would let another attempt (or
+        the next job of its partition) start while this one still runs, so the attempt
+        keeps its lease, slot and partition until its handler returns, and is then
+        recorded as a JobTimeout failure (see _settle_timeout). Cooperative handlers see
+        ``context.cancelled``. The worker's registry row lists it (the admin shows it).
+        """
         now = time.monotonic()
         with self._flights_lock:
             overdue = [
@@ -506,59 +681,74 @@ class Worker:
                 if flight.deadline is not None
                 and flight.deadline <= now
                 and not flight.abandoned
+                and not flight.overdue
                 and flight.busy
                 and flight.entry is not None
                 and not flight.entry.is_async  # async tasks time out with wait_for
             ]
         for flight in overdue:
             assert flight.entry is not None
-            failure = Failure(
-                exception_class=f"{JobTimeout.__module__}.{JobTimeout.__qualname__}",
-                message=f"{flight.job.task_path} ran longer than its timeout of "
-                f"{flight.entry.timeout}s; the worker stopped waiting for it",
+            flight.overdue = True
+            flight.cancel.set()
+            logger.warning(
+                "job %s: ran past its timeout of %ss; asked it to stop. Its thread is still "
+                "running: the job keeps its lease, slot and partition until it returns, "
+                "and then fails with JobTimeout",
+                flight.job.id,
+                flight.entry.timeout,
             )
-            logger.warning("job %s: timed out after %ss", flight.job.id, flight.entry.timeout)
-            self._abandon(flight)
-            try:
-                self._fail_now(flight.job.lease, failure)
-            except LeaseLost:
-                pass
-            except CONNECTION_ERRORS:
-                logger.warning(
-                    "job %s: could not record its timeout; its lease will expire", flight.job.id
-                )
-
-    def _fail_now(self, lease: Lease, failure: Failure) -> None:
-        self._slot.run(lambda store: store.fail_if_leased(lease, failure, self._retry_policy))
 
     # ------------------------------------------------------------------ shutdown
-    def _shutdown(self) -> None:
+    def _shutdown(self, *, crashed: bool = False) -> None:
+        """Finish or give back what this worker holds.
+
+        Jobs not started yet are released with their attempt refunded. An outcome whose
+        handler returned is written, never released: releasing would run the job again.
+        After a graceful stop, jobs still running when the grace period ends are released
+        (refunded: the operator interrupted them). After a crash (an error escaped the
+        loop) they are left to expire, so their attempt stays counted and a job that
+        crashes its worker every time still reaches dead_letter within max_attempts.
+        """
         grace_ends = time.monotonic() + self.options.grace_seconds
         self.status = WorkerStatus.DRAINING
         self._set_registry_status(WorkerStatus.DRAINING)
-        # Jobs claimed but not started yet go back at once.
         with self._flights_lock:
             waiting = [
                 f for f in self._flights.values() if f.started_at is None and not f.abandoned
             ]
         self._release(waiting, "worker shutting down before the job started")
         # Running jobs get the grace period, unless a second signal arrives.
-        while self._stop_requests < 2:
-            self._record_outcomes()
+        while not crashed and self._stop_requests < 2:
+            self._record_outcomes_at_exit()
             with self._flights_lock:
                 running = [f for f in self._flights.values() if f.busy and not f.abandoned]
             if not running or time.monotonic() >= grace_ends:
                 break
             self._wake.wait(min(0.1, max(0.0, grace_ends - time.monotonic())))
             self._wake.clear()
-        self._record_outcomes()
+        self._record_outcomes_at_exit()
         with self._flights_lock:
             remaining = [f for f in self._flights.values() if not f.abandoned]
-        if remaining:
+        returned = [f for f in remaining if not f.busy]
+        running = [f for f in remaining if f.busy]
+        if returned:
             logger.warning(
-                "worker %s: releasing %d unfinished jobs at shutdown", self.id, len(remaining)
+                "worker %s: the outcomes of %d finished jobs could not be recorded; they "
+                "come back when their leases expire (their attempts stay counted)",
+                self.id,
+                len(returned),
             )
-        self._release(remaining, "worker shut down before the job finished")
+        if running and crashed:
+            logger.warning(
+                "worker %s: leaving %d running jobs to their leases after a crash",
+                self.id,
+                len(running),
+            )
+        elif running:
+            logger.warning(
+                "worker %s: releasing %d unfinished jobs at shutdown", self.id, len(running)
+            )
+            self._release(running, "worker shut down before the job finished")
         for component in (self._listener, self._heartbeat, self._housekeeper):
             if component is not None:
                 component.stop()
@@ -573,6 +763,13 @@ class Worker:
                 component.join(1)
         self._slot.close()
         self._control.close()
+        self._steps.close()
+
+    def _record_outcomes_at_exit(self) -> None:
+        try:
+            self._record_outcomes()
+        except Exception:
+            logger.exception("worker %s: recording outcomes at shutdown failed", self.id)
 
     def _release(self, flights: list[InFlight], reason: str) -> None:
         if not flights:
@@ -584,7 +781,7 @@ class Worker:
             released = self._slot.run(
                 lambda store: store.release_many_if_leased(self.id, leases, reason=reason)
             )
-        except CONNECTION_ERRORS as error:
+        except CONNECTION_ERRORS + TRANSIENT_ERRORS as error:
             logger.warning(
                 "could not release %d jobs (%s); they come back when their leases expire",
                 len(leases),
@@ -593,8 +790,8 @@ class Worker:
             return
         with self._flights_lock:
             for flight in flights:
-                if not flight.busy:
-                    self._flights.pop(flight.job.id, None)
+                if not flight.busy and self._flights.get(flight.key) is flight:
+                    del self._flights[flight.key]
         logger.info("released %d of %d jobs: %s", len(released), len(leases), reason)
 
     def _set_registry_status(self, status: WorkerStatus) -> None:

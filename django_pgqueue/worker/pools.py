@@ -79,7 +79,7 @@ class AsyncRunner:
         self._sink = sink
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._lock = threading.Lock()
 
     def submit(self, flight: InFlight) -> None:
@@ -91,7 +91,7 @@ class AsyncRunner:
         """Cancel ``flight``'s coroutine if it is running."""
         if self._loop is None:
             return
-        self._loop.call_soon_threadsafe(self._cancel, flight.job.id)
+        self._loop.call_soon_threadsafe(self._cancel, flight.key)
 
     def shutdown(self) -> None:
         """Stop the loop (running coroutines are cancelled)."""
@@ -125,10 +125,10 @@ class AsyncRunner:
             return self._loop
 
     def _start(self, flight: InFlight) -> None:
-        self._tasks[flight.job.id] = asyncio.ensure_future(self._guarded(flight))
+        self._tasks[flight.key] = asyncio.ensure_future(self._guarded(flight))
 
-    def _cancel(self, job_id: int) -> None:
-        task = self._tasks.get(job_id)
+    def _cancel(self, key: tuple[int, int]) -> None:
+        task = self._tasks.get(key)
         if task is not None:
             task.cancel()
 
@@ -144,5 +144,5 @@ class AsyncRunner:
             logger.exception("job %s: the async runner itself failed", flight.job.id)
             outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
         finally:
-            self._tasks.pop(flight.job.id, None)
+            self._tasks.pop(flight.key, None)
         self._sink(outcome)
