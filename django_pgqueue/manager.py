@@ -813,6 +813,10 @@ class QueueStore:
             "prune_dead_letters", retention_seconds=retention_seconds, limit=limit
         ).rowcount
 
+    def missing_tables(self, tables: Sequence[str]) -> list[str]:
+        """Return those of ``tables`` that do not exist (``migrate`` was not run)."""
+        return [row[0] for row in self._run("missing_tables", tables=list(tables)).rows]
+
     def register_worker(
         self,
         worker_id: str,

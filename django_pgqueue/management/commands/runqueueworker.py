@@ -8,8 +8,10 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
-from ...exceptions import ConfigurationError
+from ...exceptions import ConfigurationError, NotMigrated
+from ...schema import missing_tables
 from ...worker import Worker, WorkerOptions, quiet_django_task_logs
 from ...worker.supervisor import Supervisor
 
@@ -85,6 +87,7 @@ class Command(BaseCommand):
             )
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
+        self._require_tables(worker_options.database)
         try:
             if processes > 1:
                 code = Supervisor(worker_options, processes).run()
@@ -94,6 +97,18 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from error
         if code:
             sys.exit(code)
+
+    def _require_tables(self, database: str) -> None:
+        """Stop with one line, not a traceback per process, when migrate was not run."""
+        try:
+            missing = missing_tables(database)
+        except DatabaseError:
+            return  # unreachable for now: the worker waits for the database itself
+        finally:
+            # The worker uses connections of its own; don't keep this one idle.
+            connections[database].close()
+        if missing:
+            raise CommandError(str(NotMigrated(database, missing)), returncode=2)
 
     def _configure_logging(self, verbosity: int) -> None:
         quiet_django_task_logs()
