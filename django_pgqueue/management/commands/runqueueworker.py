@@ -13,6 +13,7 @@ from django.db import DatabaseError, connections
 from ...exceptions import ConfigurationError, NotMigrated
 from ...schema import missing_tables
 from ...worker import Worker, WorkerOptions, quiet_django_task_logs
+from ...worker.reloader import run_with_reloader
 from ...worker.supervisor import Supervisor
 
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -57,6 +58,12 @@ class Command(BaseCommand):
             "--backend", default="default", help="TASKS alias to serve (default: 'default')."
         )
         parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Restart the worker when Python code changes, as runserver does "
+            "(for development).",
+        )
+        parser.add_argument(
             "--no-housekeeping",
             action="store_true",
             help="Never run housekeeping (reaping, pruning) in this worker.",
@@ -70,6 +77,8 @@ class Command(BaseCommand):
             raise CommandError("--processes must be at least 1", returncode=2)
         if processes > 1 and options["worker_id"]:
             raise CommandError("--worker-id cannot be combined with --processes", returncode=2)
+        if processes > 1 and options["reload"]:
+            raise CommandError("--reload cannot be combined with --processes", returncode=2)
         try:
             worker_options = WorkerOptions.from_settings(
                 backend=options["backend"],
@@ -88,6 +97,9 @@ class Command(BaseCommand):
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
         self._require_tables(worker_options.database)
+        if options["reload"]:
+            run_with_reloader(worker_options)
+            return
         try:
             if processes > 1:
                 code = Supervisor(worker_options, processes).run()
