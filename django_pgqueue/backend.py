@@ -167,7 +167,11 @@ class PgQueueBackend(BaseTaskBackend):
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
-        """Insert the job in the current transaction of the backend's database."""
+        """Insert the job in the current transaction of the backend's database.
+
+        Raises :class:`NotMigrated` if the database has no queue tables and
+        :class:`AppNotInstalled` if ``django_pgqueue`` is not in ``INSTALLED_APPS``.
+        """
         self.validate_task(task)
         spec = self._spec(task, args, kwargs)
         with self._schema_errors():
@@ -269,7 +273,8 @@ class PgQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise JobNotFound(result_id) from None
-        row = Job.objects.using(self.database).filter(pk=job_id).values().first()
+        with self._schema_errors():
+            row = Job.objects.using(self.database).filter(pk=job_id).values().first()
         if row is None:
             raise JobNotFound(result_id)
         job = JobSnapshot.from_row(row)

@@ -15,6 +15,7 @@ from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
 from django_pgqueue.backend import PgQueueBackend
+from django_pgqueue.compat import task_backends
 from django_pgqueue.embedded import database_settings
 from django_pgqueue.exceptions import AppNotInstalled, NotMigrated
 from tests import tasks
@@ -81,6 +82,8 @@ def test_enqueue_without_tables_says_run_migrate(scratch_alias):
             tasks.add.using(backend="scratch").enqueue(1, 2)
         with pytest.raises(NotMigrated):
             tasks.add.using(backend="scratch").enqueue_many([((1, 2), {})])
+        with pytest.raises(NotMigrated):
+            task_backends["scratch"].get_result("1")
     assert str(raised.value) == (
         "the job queue's tables are missing from database 'scratch': run manage.py migrate"
     )
