@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Self
 
 from django.apps import apps
 from django.conf import settings
 from django.core import checks
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -38,10 +38,18 @@ from .compat import (
     TaskResultStatus,
     task_enqueued,
 )
-from .exceptions import InvalidOption, JobNotFound, UnknownQueue, UnknownTask
+from .exceptions import (
+    AppNotInstalled,
+    InvalidOption,
+    JobNotFound,
+    NotMigrated,
+    UnknownQueue,
+    UnknownTask,
+)
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
-from .manager import JobSnapshot, JobSpec
+from .manager import JobSnapshot, JobSpec, QueueStore
 from .payload import check_key
+from .schema import is_undefined_table
 from .states import JobStatus
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
@@ -159,11 +167,15 @@ class PgQueueBackend(BaseTaskBackend):
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
-        """Insert the job in the current transaction of the backend's database."""
-        from .models import Job
+        """Insert the job in the current transaction of the backend's database.
 
+        Raises :class:`NotMigrated` if the database has no queue tables and
+        :class:`AppNotInstalled` if ``django_pgqueue`` is not in ``INSTALLED_APPS``.
+        """
         self.validate_task(task)
-        outcome = Job.objects.store(self.database).enqueue(self._spec(task, args, kwargs))
+        spec = self._spec(task, args, kwargs)
+        with self._schema_errors():
+            outcome = self._store().enqueue(spec)
         inserted = outcome.inserted
         if inserted is None:
             result = self._result(task, outcome.snapshot)
@@ -203,17 +215,36 @@ class PgQueueBackend(BaseTaskBackend):
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
     ) -> list[TaskResult]:  # type: ignore[type-arg]
         """Insert one job per ``(args, kwargs)`` with a single statement."""
-        from .models import Job
-
         self.validate_task(task)
         specs = [self._spec(task, args, kwargs) for args, kwargs in calls]
+        with self._schema_errors():
+            outcomes = self._store().enqueue_many(specs)
         results = []
-        for outcome in Job.objects.store(self.database).enqueue_many(specs):
+        for outcome in outcomes:
             result = self._result(task, outcome.snapshot)
             if outcome.created:
                 task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
+
+    def _store(self) -> QueueStore:
+        # Without the app, importing the models fails with Django's app_label error, which
+        # does not say what to do; E003 does (Django 6 runs no backend check until
+        # django.tasks is imported, so `check` may not have said it either).
+        if not apps.is_installed("django_pgqueue"):
+            raise AppNotInstalled(self.alias)
+        from .models import Job
+
+        return Job.objects.store(self.database)
+
+    @contextlib.contextmanager
+    def _schema_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except DatabaseError as error:
+            if is_undefined_table(error):
+                raise NotMigrated(self.database) from None
+            raise
 
     def _spec(self, task: Task, args: Any, kwargs: Any) -> JobSpec:  # type: ignore[type-arg]
         options = task if isinstance(task, PgQueueTask) else None
@@ -242,7 +273,8 @@ class PgQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise JobNotFound(result_id) from None
-        row = Job.objects.using(self.database).filter(pk=job_id).values().first()
+        with self._schema_errors():
+            row = Job.objects.using(self.database).filter(pk=job_id).values().first()
         if row is None:
             raise JobNotFound(result_id)
         job = JobSnapshot.from_row(row)
@@ -316,12 +348,21 @@ class PgQueueBackend(BaseTaskBackend):
                 checks.Error(
                     f"TASKS[{self.alias!r}] stores jobs in database {self.database!r}, which "
                     f"uses {connections[self.database].vendor}; django-pgqueue needs PostgreSQL.",
-                    hint="Point OPTIONS['DATABASE'] at a django.db.backends.postgresql database.",
+                    hint=self._postgresql_hint(),
                     id="django_pgqueue.E001",
                 )
             )
         messages.extend(_check_queues(self.alias, self.queues))
         return messages
+
+    def _postgresql_hint(self) -> str:
+        # Name only what the user wrote: OPTIONS['DATABASE'] if they set it, else DATABASES.
+        if "DATABASE" in self.options:
+            return (
+                f"Point TASKS[{self.alias!r}]['OPTIONS']['DATABASE'] at a database whose "
+                "ENGINE is 'django.db.backends.postgresql'."
+            )
+        return f"Set DATABASES[{self.database!r}]['ENGINE'] to 'django.db.backends.postgresql'."
 
 
 def _validate_options(task: PgQueueTask) -> None:

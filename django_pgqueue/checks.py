@@ -6,12 +6,14 @@ Backend-specific checks (E001, E003, E005, E006) come from
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
+from types import FrameType
 from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core import checks
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from .compat import task_backends
 from .conf import conf
@@ -30,6 +32,8 @@ CHECK_IDS = {
     "(django-admin-rangefilter) is not.",
     "django_pgqueue.E005": "A backend's QUEUES is empty or holds an invalid queue name.",
     "django_pgqueue.E006": "A backend's OPTIONS['DATABASE'] is not a key of DATABASES.",
+    "django_pgqueue.E007": "The queue's tables are missing from a backend's database: "
+    "migrate was not run there (checked with --database).",
     "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",
 }
 
@@ -129,3 +133,49 @@ def check_database_version(
                 )
             )
     return messages
+
+
+@checks.register(checks.Tags.database)
+def check_tables(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Report a backend database without the queue's tables (E007); needs a connection."""
+    from .schema import missing_tables
+
+    wanted = set(databases or ())
+    if not wanted or _inside_migrate():
+        return []
+    messages: list[Any] = []
+    for alias in sorted({backend.database for backend in _queue_backends()} & wanted):
+        if alias not in connections or connections[alias].vendor != "postgresql":
+            continue  # E006 and E001 report these
+        try:
+            missing = missing_tables(alias)
+        except DatabaseError:
+            continue  # an unreachable database is not this check's finding
+        if missing:
+            messages.append(
+                checks.Error(
+                    f"The job queue's tables are missing from database {alias!r}: "
+                    f"{', '.join(missing)}.",
+                    hint="Run python manage.py migrate"
+                    + ("." if alias == "default" else f" --database {alias}."),
+                    id="django_pgqueue.E007",
+                )
+            )
+    return messages
+
+
+def _inside_migrate() -> bool:
+    # migrate runs the database checks before it creates the tables this check looks
+    # for; reporting them there would stop the very command that fixes the problem.
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False

@@ -1,7 +1,7 @@
 """Every difference between the supported Django series lives here.
 
 Django 6.x ships ``django.tasks``; Django 5.2 LTS gets the same API from the ``django-tasks``
-backport (``pip install django-pgqueue[backport]``). Nothing else in the package imports
+backport (``pip install django-tasks-pgqueue[backport]``). Nothing else in the package imports
 either of them directly.
 """
 
@@ -96,5 +96,5 @@ else:  # pragma: no cover - exercised by the Django 5.2 CI leg
     except ImportError as error:
         raise ImproperlyConfigured(
             "django-pgqueue needs django.tasks: use Django 6.0 or later, or on Django 5.2 "
-            "install the backport with `pip install django-pgqueue[backport]`."
+            "install the backport with `pip install django-tasks-pgqueue[backport]`."
         ) from error

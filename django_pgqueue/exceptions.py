@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .compat import InvalidTask, TaskResultDoesNotExist
 
 __all__ = [
+    "AppNotInstalled",
     "ConfigurationError",
     "EnqueueError",
     "InvalidArguments",
@@ -20,6 +21,7 @@ __all__ = [
     "JobTimeout",
     "LeaseExpired",
     "LeaseLost",
+    "NotMigrated",
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
@@ -35,6 +37,30 @@ class PgQueueError(Exception):
 
 class ConfigurationError(PgQueueError, ImproperlyConfigured):
     """A ``PGQUEUE_*`` setting or a ``TASKS`` entry is invalid."""
+
+
+class AppNotInstalled(ConfigurationError):
+    """A ``TASKS`` backend is a ``PgQueueBackend`` but ``django_pgqueue`` is not installed."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        super().__init__(
+            f"TASKS[{alias!r}] uses PgQueueBackend but django_pgqueue is not in "
+            "INSTALLED_APPS (django_pgqueue.E003): add it, then run manage.py migrate"
+        )
+
+
+class NotMigrated(ConfigurationError):
+    """The queue's tables do not exist in the database: ``migrate`` was not run."""
+
+    def __init__(self, database: str, tables: list[str] | None = None) -> None:
+        self.database = database
+        self.tables = tables or []
+        missing = f" ({', '.join(self.tables)})" if self.tables else ""
+        super().__init__(
+            f"the job queue's tables are missing from database {database!r}{missing}: "
+            "run manage.py migrate"
+        )
 
 
 class LeaseLost(PgQueueError):

@@ -936,6 +936,10 @@ class QueueStore:
         rows = self._run("repair_partitions", partition_keys=list(partition_keys)).rows
         return int(rows[0][0] or 0)
 
+    def missing_tables(self, tables: Sequence[str]) -> list[str]:
+        """Return those of ``tables`` that do not exist (``migrate`` was not run)."""
+        return [row[0] for row in self._run("missing_tables", tables=list(tables)).rows]
+
     def register_worker(
         self,
         worker_id: str,

@@ -255,3 +255,10 @@ SET succeeded = django_pgqueue_queuestat.succeeded + EXCLUDED.succeeded,
 -- Forget per-minute statistics older than the given age.
 DELETE FROM django_pgqueue_queuestat
 WHERE minute < now() - make_interval(secs => %(retention_seconds)s)
+
+
+-- name: missing_tables
+-- Which of the queue's tables do not exist on this connection's search_path: the
+-- migrations were never applied to this database. Uses no index: to_regclass reads the
+-- catalog.
+SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL

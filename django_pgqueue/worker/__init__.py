@@ -10,12 +10,14 @@ __all__ = ["Worker", "WorkerOptions", "default_worker_id", "quiet_django_task_lo
 
 
 def quiet_django_task_logs() -> None:
-    """Raise Django's own task logger to WARNING unless the project configured it.
+    """Silence Django's own task logger in the worker unless the project configured it.
 
-    Django's ``task_started``/``task_finished`` receivers log every job at INFO, which
-    costs a log record per job even when no handler prints it; the worker's own job lines
-    (logger ``django_pgqueue.jobs``) say the same. Failures are still logged.
+    Django's ``task_started``/``task_finished`` receivers log every job at INFO and every
+    failed attempt at ERROR with its full traceback. The worker's own lines (logger
+    ``django_pgqueue.jobs``) say the same in one line per attempt, with the traceback
+    once, when the job is dead-lettered; Django's would repeat it on every retry. Give
+    ``django.tasks`` a handler or a level in ``LOGGING`` to keep its records.
     """
     tasks_logger = logging.getLogger(TASKS_LOGGER_NAME)
     if not tasks_logger.handlers and tasks_logger.level == logging.NOTSET:
-        tasks_logger.setLevel(logging.WARNING)
+        tasks_logger.setLevel(logging.CRITICAL)

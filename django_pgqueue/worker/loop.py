@@ -577,7 +577,8 @@ class Worker:
         if flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
             self.processed += 1
         self._count(job.queue, label)
-        if job_logger.isEnabledFor(logging.INFO):
+        failure = outcome.failure if label != "succeeded" else None
+        if job_logger.isEnabledFor(logging.WARNING if failure else logging.INFO):
             message = "job %s %s: task=%s queue=%s attempt=%d/%d duration=%.3fs"
             args = (
                 job.id,
@@ -588,15 +589,21 @@ class Worker:
                 job.max_attempts,
                 outcome.duration,
             )
-            if outcome.failure is not None and label != "succeeded":
-                job_logger.warning(
-                    message + " error=%s: %s",
+            if failure is None:
+                job_logger.info(message, *args)
+            elif label == "dead-lettered" and failure.traceback:
+                # The traceback once, where someone will look: retries get one line each.
+                job_logger.error(
+                    message + " error=%s: %s\n%s",
                     *args,
-                    outcome.failure.exception_class,
-                    outcome.failure.message,
+                    failure.exception_class,
+                    failure.message,
+                    failure.traceback.rstrip(),
                 )
             else:
-                job_logger.info(message, *args)
+                job_logger.warning(
+                    message + " error=%s: %s", *args, failure.exception_class, failure.message
+                )
 
     # ------------------------------------------------------------------ statistics
     def _note_waits(self, claimed: list[ClaimedJob]) -> None:

@@ -34,7 +34,7 @@ INSTALLED_APPS = [
     "orders",
 ]
 if django.VERSION < (6, 0):
-    # Django 5.2 LTS: django.tasks comes from the backport (django-pgqueue[backport]).
+    # Django 5.2 LTS: django.tasks comes from the backport (django-tasks-pgqueue[backport]).
     INSTALLED_APPS.append("django_tasks")
 
 MIDDLEWARE = [

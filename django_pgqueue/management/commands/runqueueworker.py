@@ -8,9 +8,12 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
-from ...exceptions import ConfigurationError
+from ...exceptions import ConfigurationError, NotMigrated
+from ...schema import missing_tables
 from ...worker import Worker, WorkerOptions, quiet_django_task_logs
+from ...worker.reloader import run_with_reloader
 from ...worker.supervisor import Supervisor
 
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -55,6 +58,12 @@ class Command(BaseCommand):
             "--backend", default="default", help="TASKS alias to serve (default: 'default')."
         )
         parser.add_argument(
+            "--reload",
+            action="store_true",
+            help="Restart the worker when Python code changes, as runserver does "
+            "(for development).",
+        )
+        parser.add_argument(
             "--no-housekeeping",
             action="store_true",
             help="Never run housekeeping (reaping, pruning) in this worker.",
@@ -68,6 +77,8 @@ class Command(BaseCommand):
             raise CommandError("--processes must be at least 1", returncode=2)
         if processes > 1 and options["worker_id"]:
             raise CommandError("--worker-id cannot be combined with --processes", returncode=2)
+        if processes > 1 and options["reload"]:
+            raise CommandError("--reload cannot be combined with --processes", returncode=2)
         try:
             worker_options = WorkerOptions.from_settings(
                 backend=options["backend"],
@@ -85,6 +96,10 @@ class Command(BaseCommand):
             )
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
+        self._require_tables(worker_options.database)
+        if options["reload"]:
+            run_with_reloader(worker_options)
+            return
         try:
             if processes > 1:
                 code = Supervisor(worker_options, processes).run()
@@ -94,6 +109,18 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from error
         if code:
             sys.exit(code)
+
+    def _require_tables(self, database: str) -> None:
+        """Stop with one line, not a traceback per process, when migrate was not run."""
+        try:
+            missing = missing_tables(database)
+        except DatabaseError:
+            return  # unreachable for now: the worker waits for the database itself
+        finally:
+            # The worker uses connections of its own; don't keep this one idle.
+            connections[database].close()
+        if missing:
+            raise CommandError(str(NotMigrated(database, missing)), returncode=2)
 
     def _configure_logging(self, verbosity: int) -> None:
         quiet_django_task_logs()
