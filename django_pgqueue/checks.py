@@ -11,7 +11,7 @@ from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core import checks
-from django.db import connections
+from django.db import Error, connections, router
 
 from .compat import task_backends
 from .conf import conf
@@ -31,6 +31,8 @@ CHECK_IDS = {
     "django_pgqueue.E005": "A backend's QUEUES is empty or holds an invalid queue name.",
     "django_pgqueue.E006": "A backend's OPTIONS['DATABASE'] is not a key of DATABASES.",
     "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",
+    "django_pgqueue.W002": "An index on a queue table is INVALID (an interrupted concurrent "
+    "build or reindex); checked with --database and at worker start.",
 }
 
 #: One stable check ID per setting.
@@ -128,4 +130,36 @@ def check_database_version(
                     id="django_pgqueue.E002",
                 )
             )
+    return messages
+
+
+@checks.register(checks.Tags.database)
+def check_invalid_indexes(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Report INVALID indexes on the queue's tables (W002); needs a connection."""
+    from .models import Job
+    from .schema import index_problems
+
+    messages: list[Any] = []
+    for alias in sorted(set(databases or ())):
+        if connections[alias].vendor != "postgresql" or not router.allow_migrate_model(alias, Job):
+            continue
+        try:
+            problems = index_problems(alias)
+        except Error:
+            continue  # unreachable: whoever needs the database reports that, not a check
+        messages.extend(
+            checks.Warning(
+                f"Index {problem.index.index_name!r} on {problem.index.table_name} "
+                f"(database {alias!r}) is INVALID: PostgreSQL maintains it on every write "
+                f"but no query can use it. It is {problem.cause}.",
+                hint=f"Repair it with: {problem.repair}",
+                id="django_pgqueue.W002",
+            )
+            for problem in problems
+            if not problem.building  # a build under way is invalid until it finishes
+        )
     return messages

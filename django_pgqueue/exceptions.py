@@ -14,6 +14,7 @@ __all__ = [
     "ConfigurationError",
     "EnqueueError",
     "InvalidArguments",
+    "InvalidIndexStatement",
     "InvalidOption",
     "JobCancelled",
     "JobNotFound",
@@ -35,6 +36,18 @@ class PgQueueError(Exception):
 
 class ConfigurationError(PgQueueError, ImproperlyConfigured):
     """A ``PGQUEUE_*`` setting or a ``TASKS`` entry is invalid."""
+
+
+class InvalidIndexStatement(PgQueueError, ValueError):
+    """A migration's ``CREATE INDEX CONCURRENTLY`` statement does not build the index it names."""
+
+    def __init__(self, index_name: str, statement: str) -> None:
+        self.index_name = index_name
+        self.statement = statement
+        super().__init__(
+            f"index {index_name!r}: the statement must start with "
+            f'CREATE [UNIQUE] INDEX CONCURRENTLY "{index_name}" ON ..., not {statement[:80]!r}'
+        )
 
 
 class LeaseLost(PgQueueError):

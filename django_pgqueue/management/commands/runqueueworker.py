@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from argparse import ArgumentParser
 from typing import Any
 
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
+from django.db import Error, connections
 
 from ...exceptions import ConfigurationError
 from ...worker import Worker, WorkerOptions, quiet_django_task_logs
@@ -85,6 +88,8 @@ class Command(BaseCommand):
             )
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
+        if not options["skip_checks"]:
+            self._check_database(worker_options.database)
         try:
             if processes > 1:
                 code = Supervisor(worker_options, processes).run()
@@ -94,6 +99,14 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from error
         if code:
             sys.exit(code)
+
+    def _check_database(self, alias: str) -> None:
+        """Run the checks that need the database (E002, W002): ``execute`` ran the others."""
+        try:
+            with contextlib.suppress(Error):  # unreachable: the worker waits for it, says so
+                self.check(tags=[checks.Tags.database], databases=[alias])
+        finally:
+            connections[alias].close()  # the worker opens its own connections
 
     def _configure_logging(self, verbosity: int) -> None:
         quiet_django_task_logs()
