@@ -11,7 +11,7 @@ from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core import checks
-from django.db import Error, connections, router
+from django.db import InterfaceError, OperationalError, connections, router
 
 from .compat import task_backends
 from .conf import conf
@@ -149,7 +149,7 @@ def check_invalid_indexes(
             continue
         try:
             problems = index_problems(alias)
-        except Error:
+        except (OperationalError, InterfaceError):
             continue  # unreachable: whoever needs the database reports that, not a check
         messages.extend(
             checks.Warning(

@@ -5,7 +5,8 @@ them), each with the command that repairs it.
 
 Registered by the job admin (``admin:django_pgqueue_lag``) and rendered inside the admin
 site, so login, permissions (view permission on jobs) and breadcrumbs work as elsewhere.
-Every figure comes from a read-only query of the queue manager (``sql/admin.sql``).
+Every figure comes from a read-only query of the queue manager (``sql/admin.sql``, and
+``sql/schema.sql`` for the indexes).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
-from django.db import Error, connections
+from django.db import InterfaceError, OperationalError, connections
 
 from ...exceptions import ConfigurationError
 from ...worker import Worker, WorkerOptions, quiet_django_task_logs
@@ -103,7 +103,8 @@ class Command(BaseCommand):
     def _check_database(self, alias: str) -> None:
         """Run the checks that need the database (E002, W002): ``execute`` ran the others."""
         try:
-            with contextlib.suppress(Error):  # unreachable: the worker waits for it, says so
+            # Unreachable: the worker waits for the database and says so.
+            with contextlib.suppress(OperationalError, InterfaceError):
                 self.check(tags=[checks.Tags.database], databases=[alias])
         finally:
             connections[alias].close()  # the worker opens its own connections
