@@ -49,8 +49,8 @@ from .exceptions import (
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from .manager import JobSnapshot, JobSpec, QueueStore
 from .payload import check_key
-from .schema import is_undefined_table
 from .states import JobStatus
+from .tables import is_undefined_table
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.apps import AppConfig, apps
 from django.core import checks
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
 
 from .compat import task_backends
 from .conf import conf
@@ -35,6 +35,8 @@ CHECK_IDS = {
     "django_pgqueue.E007": "The queue's tables are missing from a backend's database: "
     "migrate was not run there (checked with --database).",
     "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",
+    "django_pgqueue.W002": "An index on a queue table is INVALID (an interrupted concurrent "
+    "build or reindex); checked with --database and at worker start.",
 }
 
 #: One stable check ID per setting.
@@ -142,7 +144,7 @@ def check_tables(
     **kwargs: Any,
 ) -> list[Any]:
     """Report a backend database without the queue's tables (E007); needs a connection."""
-    from .schema import missing_tables
+    from .tables import missing_tables
 
     wanted = set(databases or ())
     if not wanted or _inside_migrate():
@@ -179,3 +181,35 @@ def _inside_migrate() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+@checks.register(checks.Tags.database)
+def check_invalid_indexes(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Iterable[str] | None = None,
+    **kwargs: Any,
+) -> list[Any]:
+    """Report INVALID indexes on the queue's tables (W002); needs a connection."""
+    from .models import Job
+    from .schema import index_problems
+
+    messages: list[Any] = []
+    for alias in sorted(set(databases or ())):
+        if connections[alias].vendor != "postgresql" or not router.allow_migrate_model(alias, Job):
+            continue
+        try:
+            problems = index_problems(alias)
+        except (OperationalError, InterfaceError):
+            continue  # unreachable: whoever needs the database reports that, not a check
+        messages.extend(
+            checks.Warning(
+                f"Index {problem.index.index_name!r} on {problem.index.table_name} "
+                f"(database {alias!r}) is INVALID: PostgreSQL maintains it on every write "
+                f"but no query can use it. It is {problem.cause}.",
+                hint=f"Repair it with: {problem.repair}",
+                id="django_pgqueue.W002",
+            )
+            for problem in problems
+            if not problem.building  # a build under way is invalid until it finishes
+        )
+    return messages

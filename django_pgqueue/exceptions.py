@@ -15,6 +15,7 @@ __all__ = [
     "ConfigurationError",
     "EnqueueError",
     "InvalidArguments",
+    "InvalidIndexStatement",
     "InvalidOption",
     "JobCancelled",
     "JobNotFound",
@@ -60,6 +61,18 @@ class NotMigrated(ConfigurationError):
         super().__init__(
             f"the job queue's tables are missing from database {database!r}{missing}: "
             "run manage.py migrate"
+        )
+
+
+class InvalidIndexStatement(PgQueueError, ValueError):
+    """A migration's ``CREATE INDEX CONCURRENTLY`` statement does not build the index it names."""
+
+    def __init__(self, index_name: str, statement: str) -> None:
+        self.index_name = index_name
+        self.statement = statement
+        super().__init__(
+            f"index {index_name!r}: the statement must start with "
+            f'CREATE [UNIQUE] INDEX CONCURRENTLY "{index_name}" ON ..., not {statement[:80]!r}'
         )
 
 

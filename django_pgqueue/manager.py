@@ -41,6 +41,7 @@ __all__ = [
     "Enqueued",
     "FailOutcome",
     "Failure",
+    "InvalidIndex",
     "JobManager",
     "JobSnapshot",
     "JobSpec",
@@ -488,6 +489,19 @@ class WorkerLoad:
     worker_id: str
     jobs: int
     expired: int
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidIndex:
+    """An index PostgreSQL keeps up to date on every write but no query may use."""
+
+    schema_name: str
+    table_name: str
+    index_name: str
+    #: ``CREATE INDEX`` statement of the index, as ``pg_get_indexdef`` prints it.
+    definition: str
+    #: Pid of a concurrent index build under way on the table, which may be this one's.
+    building_pid: int | None
 
 
 # ---------------------------------------------------------------------- the store
@@ -1122,6 +1136,18 @@ class QueueStore:
             return {}
         rows = self._run("jobs_in_flight", worker_ids=list(worker_ids)).dicts()
         return {row["worker_id"]: WorkerLoad(**row) for row in rows}
+
+    # ------------------------------------------------------------------ schema (catalog)
+    # sql/schema.sql: the migrations' index helper, system check W002 and the lag page.
+    def index_validity(self, table_name: str, index_name: str) -> bool | None:
+        """Return whether ``index_name`` on ``table_name`` is valid; None if it is missing."""
+        rows = self._run("index_validity", table_name=table_name, index_name=index_name).rows
+        return bool(rows[0][0]) if rows else None
+
+    def invalid_indexes(self, table_names: Sequence[str]) -> list[InvalidIndex]:
+        """Return the INVALID indexes on ``table_names`` (missing tables are ignored)."""
+        rows = self._run("invalid_indexes", table_names=list(table_names)).dicts()
+        return [InvalidIndex(**row) for row in rows]
 
 
 @dataclass(frozen=True, slots=True)

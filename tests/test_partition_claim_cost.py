@@ -100,7 +100,7 @@ def _fill(conn, *, rows: int, partitions: int) -> None:
 def test_claim_cost_is_the_same_at_a_million_partitioned_jobs(open_connection):
     conn = open_connection(prepare=False)
     _fill(conn, rows=1_000, partitions=100)
-    small, small_claimed, small_indexes = _claim_cost(conn)
+    small, small_claimed, _ = _claim_cost(conn)
     _fill(conn, rows=1_000_000, partitions=10_000)
     big, big_claimed, big_indexes = _claim_cost(conn)
     print(f"claim of 20: {small} buffers at 1,000 jobs, {big} at 1,000,000")

@@ -1,8 +1,12 @@
 """The lag page: how far behind each queue is, how fast it drains, and the job table's health.
 
+Health includes the INVALID indexes on the queue's tables (as system check W002 reports
+them), each with the command that repairs it.
+
 Registered by the job admin (``admin:django_pgqueue_lag``) and rendered inside the admin
 site, so login, permissions (view permission on jobs) and breadcrumbs work as elsewhere.
-Every figure comes from a read-only query of the queue manager (``sql/admin.sql``).
+Every figure comes from a read-only query of the queue manager (``sql/admin.sql``, and
+``sql/schema.sql`` for the indexes).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..manager import QueueLag, QueueMinute
 from ..models import Job
+from ..schema import index_problems
 from ..states import JobStatus
 from .filters import EXPIRED, READY, SCHEDULED
 from .formatting import duration
@@ -105,6 +110,7 @@ def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResp
         )
     overall = minute_series(minutes, last_minute=last_minute)
     health = store.job_table_health()
+    invalid_indexes = index_problems(store.runner.alias)
     context = {
         **model_admin.admin_site.each_context(request),
         "title": _("Queue lag"),
@@ -118,6 +124,7 @@ def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResp
         "recent_minutes": RECENT_MINUTES,
         "health": health,
         "dead_percent": health.dead_fraction * 100 if health else 0,
+        "invalid_indexes": invalid_indexes,
         "measured_at": measured_at,
     }
     request.current_app = model_admin.admin_site.name

@@ -3,16 +3,17 @@
 Built with CREATE INDEX CONCURRENTLY (hence ``atomic = False``): a plain CREATE INDEX
 blocks every insert and update of the job table while it reads the whole table, which on
 a busy queue stops all enqueueing and every worker for that long. The model state gets
-the same indexes through ``SeparateDatabaseAndState``; the SQL adds what Django's Index
-cannot say (the BRIN index's pages_per_range) and comments for DBAs, as in 0002.
+the Index objects; the SQL adds what Django's Index cannot say (the BRIN index's
+pages_per_range) and comments for DBAs, as in 0002.
 
-If a concurrent build fails it leaves an INVALID index behind; ``IF NOT EXISTS`` would
-then skip it, so such an index must be dropped by hand before running this again.
+A concurrent build that fails or is cancelled leaves an INVALID index behind;
+``EnsureIndexConcurrently`` drops and rebuilds it when this migration runs again.
 """
 
 from django.db import migrations, models
 
 import django_pgqueue.models
+from django_pgqueue.schema import EnsureIndexConcurrently
 
 INDEXES = [
     (
@@ -21,7 +22,7 @@ INDEXES = [
             fields=["status", "id"],
             name="pgq_job_revivable",
         ),
-        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "pgq_job_revivable" ON "django_pgqueue_job" '
+        'CREATE INDEX CONCURRENTLY "pgq_job_revivable" ON "django_pgqueue_job" '
         '("status", "id") WHERE "status" IN (\'dead_letter\', \'cancelled\')',
         "admin: dead letters or cancelled jobs, newest first (inbox, dead letters, retry)",
     ),
@@ -31,7 +32,7 @@ INDEXES = [
             fields=["queue", "id"],
             name="pgq_job_dead_queue",
         ),
-        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "pgq_job_dead_queue" ON "django_pgqueue_job" '
+        'CREATE INDEX CONCURRENTLY "pgq_job_dead_queue" ON "django_pgqueue_job" '
         '("queue", "id") WHERE "status" = \'dead_letter\'',
         "admin: dead letters per queue (lag page, dead letters filtered by queue)",
     ),
@@ -48,7 +49,7 @@ INDEXES = [
         ),
         # 16 pages per range: a value found in a few rows spread over the table reads a
         # few hundred pages instead of thousands; the index stays a few MB per million rows.
-        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "pgq_job_filter_brin" ON "django_pgqueue_job" '
+        'CREATE INDEX CONCURRENTLY "pgq_job_filter_brin" ON "django_pgqueue_job" '
         'USING brin ("queue" text_bloom_ops, "task_path" text_bloom_ops, '
         '"partition_key" text_bloom_ops, "available_at" timestamptz_minmax_multi_ops) '
         "WITH (pages_per_range = 16)",
@@ -63,18 +64,6 @@ class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0002_storage_parameters")]
 
     operations = [
-        migrations.SeparateDatabaseAndState(
-            state_operations=[migrations.AddIndex(model_name="job", index=index)],
-            database_operations=[
-                migrations.RunSQL(
-                    sql=create,
-                    reverse_sql=f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"',
-                ),
-                migrations.RunSQL(
-                    sql=f"COMMENT ON INDEX \"{index.name}\" IS '{comment}'",
-                    reverse_sql=migrations.RunSQL.noop,
-                ),
-            ],
-        )
+        EnsureIndexConcurrently("job", index, sql=create, comment=comment)
         for index, create, comment in INDEXES
     ]

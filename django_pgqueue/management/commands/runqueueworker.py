@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from argparse import ArgumentParser
 from typing import Any
 
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from ...exceptions import ConfigurationError, NotMigrated
-from ...schema import missing_tables
+from ...tables import missing_tables
 from ...worker import Worker, WorkerOptions, quiet_django_task_logs
 from ...worker.reloader import run_with_reloader
 from ...worker.supervisor import Supervisor
@@ -97,6 +99,8 @@ class Command(BaseCommand):
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
         self._require_tables(worker_options.database)
+        if not options["skip_checks"]:
+            self._check_database(worker_options.database)
         if options["reload"]:
             run_with_reloader(worker_options)
             return
@@ -121,6 +125,15 @@ class Command(BaseCommand):
             connections[database].close()
         if missing:
             raise CommandError(str(NotMigrated(database, missing)), returncode=2)
+
+    def _check_database(self, alias: str) -> None:
+        """Run the checks that need the database (E002, W002): ``execute`` ran the others."""
+        try:
+            # Unreachable: the worker waits for the database and says so.
+            with contextlib.suppress(OperationalError, InterfaceError):
+                self.check(tags=[checks.Tags.database], databases=[alias])
+        finally:
+            connections[alias].close()  # the worker opens its own connections
 
     def _configure_logging(self, verbosity: int) -> None:
         quiet_django_task_logs()
