@@ -42,8 +42,10 @@ def _w002():
 
 
 def test_the_tables_come_from_the_app_models():
-    assert queue_tables() == [
+    assert sorted(queue_tables()) == [
         "django_pgqueue_job",
+        "django_pgqueue_partition",
+        "django_pgqueue_partition_signal",
         "django_pgqueue_queuestat",
         "django_pgqueue_worker",
     ]

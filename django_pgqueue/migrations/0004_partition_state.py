@@ -15,9 +15,14 @@ the lock is seen, and whoever commits later refreshes again after it. Every stat
 same transaction; producers and operators append a ``django_pgqueue_partition_signal``
 row instead (no lock that a worker could wait on), which claims fold in.
 
-Safe on a live table: two new tables, a nullable column (no rewrite), a function, and
-one signal per partition that has work, found with a skip scan of
-``pgq_job_part_pending``/``pgq_job_part_processing`` (one index probe per partition).
+Safe on a live table, and not atomic on purpose, so no lock outlives its own step: two
+new tables and a function (nothing else touches them yet), a nullable column (a catalog
+change: ACCESS EXCLUSIVE for an instant, no rewrite), a trigger (SHARE ROW EXCLUSIVE for
+an instant), and one signal per partition that has work, found with a skip scan of
+``pgq_job_part_pending`` (one index probe per partition) while writes go on. Workers of
+the previous release keep working meanwhile: their claim checks partition heads on the
+job table itself, and what they enqueue or finish is picked up by the partition repair
+of this release's housekeeping.
 """
 
 from django.db import migrations, models
@@ -145,6 +150,8 @@ WHERE job.status = 'processing' AND job.partition_key IS NOT NULL
 
 
 class Migration(migrations.Migration):
+    atomic = False
+
     dependencies = [("django_pgqueue", "0003_admin_indexes")]
 
     operations = [
