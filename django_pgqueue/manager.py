@@ -406,6 +406,8 @@ class QueueLag:
     processing: int
     expired: int
     dead_letters: int
+    #: Pending jobs waiting for a worker that can import their task (a rolling deploy).
+    unknown_task: int
     #: When the oldest ready job became ready (None: nothing is ready).
     oldest_ready_at: datetime | None
     measured_at: datetime

@@ -162,6 +162,13 @@ class Job(models.Model):
                 name="pgq_job_pending",
                 condition=_PENDING & Q(available_at__isnull=False),
             ),
+            # Admin lag page and inbox: pending jobs waiting for a worker that can import
+            # their task (rare rows, so a tiny index). Migration 0005 builds it.
+            models.Index(
+                fields=["queue"],
+                name="pgq_job_unknown_task",
+                condition=_PENDING & Q(unknown_task_since__isnull=False),
+            ),
             # prune_finished and finished-at filters in the admin.
             models.Index(
                 fields=["finished_at"],

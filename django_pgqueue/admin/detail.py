@@ -20,10 +20,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Job
+from ..models import Job, Worker
 from ..states import JobStatus
 from .actions import OPERATIONS, RETURN_TO, Operation, has_operation_permission
-from .formatting import duration, pretty_json, relative, status_badge
+from .formatting import UNKNOWN_TASK_LABEL, duration, pretty_json, relative, status_badge
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -91,7 +91,8 @@ def render_job_detail(
         "opts": opts,
         "original": job,
         "job": job,
-        "status_html": status_badge(job.status),
+        "status_html": status_badge(job.status, unknown_task=job.unknown_task_since is not None),
+        "unknown_task_label": UNKNOWN_TASK_LABEL,
         "now": now,
         "has_view_permission": True,
         "timeline": _timeline(job, now),
@@ -104,6 +105,7 @@ def render_job_detail(
         "history_url": _history_url(model_admin, request, job),
         "return_to_field": RETURN_TO,
         "return_to": request.get_full_path(),
+        "overdue": _overdue(job),
         **_partition(job),
     }
     request.current_app = model_admin.admin_site.name
@@ -197,6 +199,15 @@ def _operations(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) ->
         and operation.applies(job)
         and has_operation_permission(model_admin, request, operation)
     ]
+
+
+def _overdue(job: Job) -> bool:
+    """Return whether the job's worker reports its handler running past its timeout."""
+    if job.status != JobStatus.PROCESSING or not job.claimed_by:
+        return False
+    worker = Worker.objects.using(job._state.db).filter(pk=job.claimed_by).first()
+    overdue = (worker.metadata or {}).get("overdue_jobs", []) if worker else []
+    return job.pk in overdue
 
 
 def _partition(job: Job) -> dict[str, Any]:

@@ -51,6 +51,7 @@ NO_ERROR_CLASS = "-"
 #: Status filter values of the states operators act on, besides the statuses themselves.
 READY = "ready"
 SCHEDULED = "scheduled"
+UNKNOWN_TASK = "unknown_task"
 EXPIRED = "expired"
 
 
@@ -61,8 +62,19 @@ def _status_conditions() -> dict[str, tuple[Any, Q]]:
     return {
         # pgq_job_pending holds every pending row.
         JobStatus.PENDING: (JobStatus.PENDING.label, pending & Q(available_at__gt=ANY_TIME)),
-        READY: (_("Pending, ready now"), pending & Q(available_at__lte=now)),
-        SCHEDULED: (_("Pending, scheduled"), pending & Q(available_at__gt=now)),
+        READY: (
+            _("Pending, ready now"),
+            pending & Q(available_at__lte=now, unknown_task_since__isnull=True),
+        ),
+        SCHEDULED: (
+            _("Pending, scheduled"),
+            pending & Q(available_at__gt=now, unknown_task_since__isnull=True),
+        ),
+        # pgq_job_unknown_task.
+        UNKNOWN_TASK: (
+            _("Pending, waiting for a worker that knows its task"),
+            pending & Q(unknown_task_since__isnull=False),
+        ),
         # pgq_job_lease holds every processing row (a lease is required to process).
         JobStatus.PROCESSING: (
             JobStatus.PROCESSING.label,

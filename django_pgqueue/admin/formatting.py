@@ -68,8 +68,22 @@ def relative(moment: datetime | None, now: datetime | None = None) -> str:
     return _("%(duration)s ago") % {"duration": duration(delta)}
 
 
-def status_badge(status: str) -> SafeString:
-    """Return a job status as a coloured badge."""
+#: What the admin calls a pending job that no worker so far could import the task of.
+UNKNOWN_TASK_LABEL = _("waiting for a worker that knows this task")
+
+
+def status_badge(status: str, *, unknown_task: bool = False) -> SafeString:
+    """Return a job status as a coloured badge.
+
+    ``unknown_task`` marks a pending job waiting for a worker that can import its task
+    (a rolling deploy): its own kind, not plain "pending".
+    """
+    if unknown_task and status == JobStatus.PENDING:
+        return format_html(
+            '<span class="pgq-badge pgq-status-unknown-task" title="{}">{}</span>',
+            UNKNOWN_TASK_LABEL,
+            _("Unknown task"),
+        )
     try:
         label = str(JobStatus(status).label)
     except ValueError:

@@ -126,8 +126,8 @@ class BaseJobAdmin(_ModelAdmin):
 
     @admin.display(description=_("status"))
     def status_display(self, job: Job) -> SafeString:
-        """Show the status as a badge."""
-        return status_badge(job.status)
+        """Show the status as a badge (a job waiting for its task as its own kind)."""
+        return status_badge(job.status, unknown_task=job.unknown_task_since is not None)
 
     @admin.display(description=_("attempts"))
     def attempts_display(self, job: Job) -> str:

@@ -30,7 +30,7 @@ from ..manager import QueueLag, QueueMinute
 from ..models import Job
 from ..schema import index_problems
 from ..states import JobStatus
-from .filters import EXPIRED, READY, SCHEDULED
+from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
 from .formatting import duration
 from .queues import configured_queues
 from .svg import ChartPoint, minute_series, throughput_chart
@@ -151,6 +151,7 @@ def _links(model_admin: ModelAdmin[Any], queue: str) -> dict[str, str]:
         for name, status in (
             ("ready", READY),
             ("scheduled", SCHEDULED),
+            ("unknown_task", UNKNOWN_TASK),
             ("processing", JobStatus.PROCESSING.value),
             ("expired", EXPIRED),
         )

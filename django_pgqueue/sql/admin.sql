@@ -116,11 +116,12 @@ ORDER BY known.queue
 
 
 -- name: queue_lag
--- Per queue: ready and scheduled depth, running jobs, expired leases, dead letters and
--- the oldest ready job (its available_at: how long the queue makes users wait).
--- Depths and dead letters stop counting at count_limit.
+-- Per queue: ready and scheduled depth, running jobs, expired leases, dead letters,
+-- jobs waiting for a worker that can import their task (their own kind: not counted as
+-- ready or scheduled), and the oldest ready job (its available_at: how long the queue
+-- makes users wait). Depths and dead letters stop counting at count_limit.
 -- Uses pgq_job_pending (ready, scheduled, oldest ready), pgq_job_lease (running,
--- expired) and pgq_job_dead_queue (dead letters).
+-- expired), pgq_job_dead_queue (dead letters) and pgq_job_unknown_task.
 WITH wanted AS (
     SELECT DISTINCT unnest(%(queues)s::text[]) AS queue
 ),
@@ -144,6 +145,7 @@ SELECT
             WHERE job.status = 'pending'
               AND job.queue = wanted.queue
               AND job.available_at <= now()
+              AND job.unknown_task_since IS NULL
             LIMIT %(count_limit)s
         ) AS capped
     ) AS ready,
@@ -155,9 +157,21 @@ SELECT
             WHERE job.status = 'pending'
               AND job.queue = wanted.queue
               AND job.available_at > now()
+              AND job.unknown_task_since IS NULL
             LIMIT %(count_limit)s
         ) AS capped
     ) AS scheduled,
+    (
+        SELECT count(*)
+        FROM (
+            SELECT 1
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'pending'
+              AND job.queue = wanted.queue
+              AND job.unknown_task_since IS NOT NULL
+            LIMIT %(count_limit)s
+        ) AS capped
+    ) AS unknown_task,
     COALESCE(running.processing, 0) AS processing,
     COALESCE(running.expired, 0) AS expired,
     (
@@ -176,6 +190,7 @@ SELECT
         WHERE job.status = 'pending'
           AND job.queue = wanted.queue
           AND job.available_at <= now()
+          AND job.unknown_task_since IS NULL
     ) AS oldest_ready_at,
     now() AS measured_at
 FROM wanted
