@@ -61,7 +61,7 @@ SETTING_CHECK_IDS = {
     "UNKNOWN_TASK_TIMEOUT_SECONDS": "django_pgqueue.E118",
     "NOTIFY_CHANNEL": "django_pgqueue.E119",
     "PARTITION_VNODES": "django_pgqueue.E120",
-    # E121 was PARTITION_SCAN_LIMIT, removed in 0.2 (the claim no longer scans a window).
+    # E121 was PARTITION_SCAN_LIMIT, removed with migration 0004 (no more scan window).
 }
 
 

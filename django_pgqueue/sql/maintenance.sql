@@ -103,11 +103,11 @@ WHERE job.id = ANY (ARRAY(SELECT doomed.id FROM doomed))
 -- Partitions whose row disagrees with the job table, for repair_partitions to refresh: a
 -- running job that is no longer processing (uses pgq_partition_running), or a partition
 -- with pending jobs whose row is missing or names another next job. Normally there are
--- none (every statement keeps the rows); they come from producers of a release before
--- 0.2 (a rolling deploy) or from rows changed by hand. The pending side is a skip scan of
--- pgq_job_part_pending, one index probe per partition, after the key after_key and at
--- most scan_limit partitions per call: the row with kind 'scanned' names the last key
--- scanned (NULL when the scan reached the end, so the next call starts over).
+-- none (every statement keeps the rows); they come from processes of a release before
+-- migration 0004 (a rolling deploy) or from rows changed by hand. The pending side is a
+-- skip scan of pgq_job_part_pending, one index probe per partition, after the key
+-- after_key and at most scan_limit partitions per call: the row with kind 'scanned'
+-- names the last key scanned (NULL when the scan reached the end: start over).
 WITH RECURSIVE pending_partitions (partition_key, head_id, seen) AS (
     (
         SELECT job.partition_key, job.id, 1
