@@ -24,7 +24,7 @@ from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .partition import bucket_for
-from .payload import check_key, encode_arguments
+from .payload import check_key, check_text, encode_arguments
 from .retry import RetryPolicy
 from .sql import QUERIES, Query
 from .states import JobStatus
@@ -59,6 +59,9 @@ _JSON_COLUMNS = frozenset(
 HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
 # Largest number of ids an operator statement handles at once.
 OPERATOR_CHUNK = 1000
+# Job ids are bigint.
+_MIN_JOB_ID = -(2**63)
+_MAX_JOB_ID = 2**63 - 1
 
 
 # ---------------------------------------------------------------------- typed values
@@ -1037,13 +1040,13 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         raise InvalidOption("task_path", "must be a non-empty string")
     if len(task_path) > TASK_PATH_MAX_LENGTH:
         raise InvalidOption("task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters")
+    check_text("task_path", task_path)
     queue = spec.queue
     if not isinstance(queue, str) or not queue:
         raise InvalidOption("queue_name", "must be a non-empty string")
-    if len(queue) > QUEUE_MAX_LENGTH or "\x00" in queue:
-        raise InvalidOption(
-            "queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters, without NUL"
-        )
+    if len(queue) > QUEUE_MAX_LENGTH:
+        raise InvalidOption("queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters")
+    check_text("queue_name", queue)
     priority = spec.priority
     if type(priority) is not int:
         raise InvalidOption("priority", f"must be an integer, not {priority!r}")
@@ -1155,6 +1158,9 @@ def _unique_ids(job_ids: Iterable[int]) -> list[int]:
     for job_id in job_ids:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise InvalidOption("job_ids", f"must be integers, not {job_id!r}")
+        if not _MIN_JOB_ID <= job_id <= _MAX_JOB_ID:
+            # Checked here: PostgreSQL would refuse the array and abort the transaction.
+            raise InvalidOption("job_ids", f"{job_id} is outside the range of job ids (bigint)")
         ids.append(job_id)
     return sorted(set(ids))
 

@@ -129,10 +129,12 @@ RETURNING
 
 -- name: complete_if_leased
 -- Mark one leased job succeeded and store its result.
+-- Runs inside an atomic task's own transaction, where now() is when the handler began:
+-- clock_timestamp() is when it finished.
 UPDATE django_pgqueue_job
 SET status = 'succeeded',
     result = %(result)s::jsonb,
-    finished_at = now(),
+    finished_at = clock_timestamp(),
     lease_expires_at = NULL
 WHERE id = %(job_id)s
   AND lease_generation = %(lease_generation)s
