@@ -231,7 +231,8 @@ class Failure:
     exception_class: str
     message: str
     traceback: str = ""
-    #: Skip the remaining attempts and dead-letter the job.
+    #: Skip the remaining attempts and dead-letter the job. Separate from the class: a
+    #: ``TypeError`` from arguments that do not bind is recorded as such, and permanent.
     permanent: bool = False
 
 
@@ -666,6 +667,9 @@ class QueueStore:
     def complete_if_leased(self, lease: Lease, result_json: str) -> datetime:
         """Mark the job succeeded with ``result_json``; return its finish time.
 
+        The finish time is the database clock when the statement runs, not the start of
+        the surrounding transaction (an atomic task's handler runs inside it).
+
         Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held. Run on
         the handler's connection inside its transaction, this makes the handler's writes
         and the completion commit or roll back together.
@@ -773,8 +777,10 @@ class QueueStore:
 
     def set_step_if_leased(self, lease: Lease, step: str | None) -> None:
         """Record the job's progress marker; raise :class:`LeaseLost` if not held."""
-        if step is not None and (not isinstance(step, str) or "\x00" in step):
-            raise InvalidOption("step", "must be a string without NUL characters, or None")
+        if step is not None:
+            if not isinstance(step, str):
+                raise InvalidOption("step", f"must be a string or None, not {step!r}")
+            check_text("step", step)
         self._run_fenced("set_step_if_leased", lease, step=step)
 
     # ------------------------------------------------------------------ maintenance
@@ -905,6 +911,7 @@ class QueueStore:
         return self._run("prune_queue_stats", retention_seconds=retention_seconds).rowcount
 
     # ------------------------------------------------------------------ operators
+    # Each raises InvalidOption, before any SQL, for an id that is not a bigint integer.
     def retry(self, job_ids: Iterable[int]) -> OperatorResult:
         """Revive dead-lettered or cancelled jobs (attempts reset, ready now)."""
         return self._operate("retry_jobs", job_ids, channel=conf.NOTIFY_CHANNEL)
@@ -915,6 +922,8 @@ class QueueStore:
 
     def cancel(self, job_ids: Iterable[int], *, reason: str | None = None) -> OperatorResult:
         """Cancel pending jobs; running and finished ones are skipped."""
+        if reason is not None:
+            check_text("reason", reason)
         return self._operate("cancel_jobs", job_ids, reason=reason)
 
     def discard(self, job_ids: Iterable[int]) -> OperatorResult:

@@ -258,6 +258,15 @@ def signal_exit(kind: str) -> None:
     exit("bye")  # the site builtin: raises SystemExit("bye")  # noqa: PLR1722
 
 
+@task(max_attempts=3)
+async def signal_async_exit() -> None:
+    """An async task calling sys.exit()."""
+    import sys
+
+    await asyncio.sleep(0)
+    sys.exit(4)
+
+
 class UnprintableError(Exception):
     """An error whose message cannot be rendered."""
 

@@ -31,12 +31,16 @@ def _job(result):
         ("system_exit", "builtins.SystemExit", "3"),
         ("keyboard_interrupt", "builtins.KeyboardInterrupt", "stop"),
         ("exit", "builtins.SystemExit", "bye"),
+        ("async", "builtins.SystemExit", "4"),
     ],
 )
 def test_system_exit_and_keyboard_interrupt_are_task_failures(
     workers, observer, kind, error_class, message
 ):
-    result = tasks.signal_exit.enqueue(kind)
+    if kind == "async":
+        result = tasks.signal_async_exit.enqueue()
+    else:
+        result = tasks.signal_exit.enqueue(kind)
     worker = workers("--burst", settings=SLOW_RETRY)
     assert worker.wait() == 0, worker.output()
     job = _job(result)
