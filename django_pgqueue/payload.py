@@ -65,6 +65,9 @@ class StoredResult:
     problem: str | None = None
 
 
+_NONE_RESULT = StoredResult("null", None)
+
+
 def encode_arguments(
     args: Sequence[Any], kwargs: Mapping[str, Any], *, limit: int
 ) -> tuple[str, str]:
@@ -105,6 +108,13 @@ def encode_result(value: Any) -> StoredResult:
     be stored unchanged, the stored value is a note, ``{"unstorable_result": {"type":
     ..., "reason": ...}}``, and :attr:`StoredResult.problem` says why.
     """
+    if value is None:
+        return _NONE_RESULT  # most tasks return nothing
+    try:
+        if not _check(value, "return value", 0, result=True):
+            return StoredResult(_ENCODER.encode(value), value)  # plain JSON already
+    except InvalidArguments:
+        pass  # bytes, say, which Django's normalisation turns into text
     try:
         plain = normalize_json(value)
         rewrite = _check(plain, "return value", 0, result=True)
@@ -180,7 +190,19 @@ def _check(value: Any, path: str, depth: int, *, result: bool) -> bool:
     Return True if the value needs :func:`_write` rather than the C encoder (a wide float,
     or a mapping or sequence the encoder does not know).
     """
-    if value is None or value is True or value is False:
+    kind = type(value)
+    # Exact types first: they are nearly every value, and isinstance() against the
+    # Mapping and Sequence ABCs is slow.
+    if kind is str:
+        _check_text(value, path, "strings")
+        return False
+    if kind is int and value.bit_length() <= _SAFE_INT_BITS:
+        return False
+    if kind is dict:
+        return _check_items(value, path, depth, result=result, rewrite=False)
+    if kind is list or kind is tuple:
+        return _check_sequence(value, path, depth, result=result, rewrite=False)
+    if value is None or kind is bool:
         return False
     if isinstance(value, str):
         _check_text(value, path, "strings")
@@ -199,32 +221,45 @@ def _check(value: Any, path: str, depth: int, *, result: bool) -> bool:
                 path, "-0.0 cannot be stored: PostgreSQL's jsonb has no negative zero (pass 0.0)"
             )
         return abs(value) >= _WIDE_FLOAT
-    if depth >= _MAX_DEPTH:
-        raise InvalidArguments(path, f"nested deeper than {_MAX_DEPTH} levels")
     if isinstance(value, Mapping):
-        rewrite = not isinstance(value, dict)
-        for key, item in value.items():
-            item_path = f"{path}[{key!r}]"
-            if isinstance(key, str):
-                _check_text(key, item_path, "dict keys")
-            elif not (result and (key is None or isinstance(key, int | float))):
-                # A return value's keys become strings as JSON makes them (Django's
-                # backends store them so); an argument's would reach the task changed.
-                raise InvalidArguments(
-                    item_path,
-                    f"dict keys must be strings, not {type(key).__name__} "
-                    "(JSON would turn the key into a string)",
-                )
-            elif isinstance(key, float) and not math.isfinite(key):
-                raise InvalidArguments(item_path, f"dict key {key!r} is not valid JSON")
-            rewrite |= _check(item, item_path, depth + 1, result=result)
-        return rewrite
+        return _check_items(value, path, depth, result=result, rewrite=not isinstance(value, dict))
     if isinstance(value, Sequence) and not isinstance(value, _NOT_BYTES):
         rewrite = not isinstance(value, list | tuple)
-        for index, item in enumerate(value):
-            rewrite |= _check(item, f"{path}[{index}]", depth + 1, result=result)
-        return rewrite
+        return _check_sequence(value, path, depth, result=result, rewrite=rewrite)
     raise InvalidArguments(path, _why_not_json(value))
+
+
+def _check_items(
+    value: Mapping[Any, Any], path: str, depth: int, *, result: bool, rewrite: bool
+) -> bool:
+    if depth >= _MAX_DEPTH:
+        raise InvalidArguments(path, f"nested deeper than {_MAX_DEPTH} levels")
+    for key, item in value.items():
+        item_path = f"{path}[{key!r}]"
+        if isinstance(key, str):
+            _check_text(key, item_path, "dict keys")
+        elif not (result and (key is None or isinstance(key, int | float))):
+            # A return value's keys become strings as JSON makes them (Django's
+            # backends store them so); an argument's would reach the task changed.
+            raise InvalidArguments(
+                item_path,
+                f"dict keys must be strings, not {type(key).__name__} "
+                "(JSON would turn the key into a string)",
+            )
+        elif isinstance(key, float) and not math.isfinite(key):
+            raise InvalidArguments(item_path, f"dict key {key!r} is not valid JSON")
+        rewrite |= _check(item, item_path, depth + 1, result=result)
+    return rewrite
+
+
+def _check_sequence(
+    value: Sequence[Any], path: str, depth: int, *, result: bool, rewrite: bool
+) -> bool:
+    if depth >= _MAX_DEPTH:
+        raise InvalidArguments(path, f"nested deeper than {_MAX_DEPTH} levels")
+    for index, item in enumerate(value):
+        rewrite |= _check(item, f"{path}[{index}]", depth + 1, result=result)
+    return rewrite
 
 
 def _check_big_int(value: int, path: str) -> None:
