@@ -246,6 +246,15 @@ def returns_unstorable(kind: str, marker_job: int = 0) -> Any:
     return values[kind]()
 
 
+@task(takes_context=True, atomic=True, max_attempts=3)
+def atomic_returns_unstorable(context: Any) -> Any:
+    """Write an Order in the job's transaction, then return a set."""
+    from tests.models import Order
+
+    Order.objects.create(job_id=context.job_id, note="atomic")
+    return {1, 2}
+
+
 @task(max_attempts=3)
 def signal_exit(kind: str) -> None:
     """Leave the way a script would: SystemExit, KeyboardInterrupt or exit()."""

@@ -12,6 +12,7 @@ from django_pgqueue.compat import TaskResultStatus, task_backends
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
 from tests import ledger, tasks
+from tests.models import Order
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,3 +90,13 @@ def test_a_return_value_that_cannot_be_stored_succeeds_with_a_note_and_a_warning
     warnings = [line for line in output.splitlines() if " WARNING " in line]
     assert any(f"job {result.id}: the return value of" in line for line in warnings), output
     assert f"job {result.id} succeeded" in output
+
+
+def test_an_atomic_task_with_an_unstorable_return_value_commits_its_work(workers):
+    result = tasks.atomic_returns_unstorable.enqueue()
+    worker = workers("--burst")
+    assert worker.wait() == 0, worker.output()
+    job = Job.objects.get(pk=int(result.id))
+    assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 1)
+    assert job.result["unstorable_result"]["type"] == "builtins.set"
+    assert Order.objects.filter(job_id=job.pk).count() == 1
