@@ -40,10 +40,10 @@ __all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "Task
 logger = logging.getLogger("django_pgqueue.worker")
 
 _MAX_MESSAGE = 10_000
+_MAX_TRACEBACK = 50_000
 # Set on a TypeError raised because a job's arguments do not bind to its task: the error
 # is recorded as it is, but retrying it cannot help.
 _ARGUMENTS_MISMATCH = "_pgqueue_arguments_mismatch"
-_MAX_TRACEBACK = 50_000
 # How long an import failure is remembered before the import is tried again.
 _UNKNOWN_TASK_RETRY_SECONDS = 5.0
 
