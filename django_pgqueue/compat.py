@@ -26,6 +26,7 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "normalize_json",
     "task",
     "task_backends",
     "task_enqueued",
@@ -62,6 +63,7 @@ if NATIVE_TASKS:
     )
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
 else:  # pragma: no cover - exercised by the Django 5.2 CI leg
     try:
         from django_tasks import (  # type: ignore[no-redef]
@@ -93,6 +95,7 @@ else:  # pragma: no cover - exercised by the Django 5.2 CI leg
             task_finished,
             task_started,
         )
+        from django_tasks.utils import normalize_json  # type: ignore[no-redef]
     except ImportError as error:
         raise ImproperlyConfigured(
             "django-pgqueue needs django.tasks: use Django 6.0 or later, or on Django 5.2 "

@@ -139,8 +139,12 @@ class EnqueueError(PgQueueError, InvalidTask):
     """The job cannot be enqueued as given; no row was written."""
 
 
-class InvalidArguments(EnqueueError):
-    """An argument cannot be stored as JSON (or not without changing its meaning)."""
+class InvalidArguments(EnqueueError, TypeError):
+    """An argument cannot be stored as JSON (or not without changing its meaning).
+
+    Also a ``TypeError``, which Django's Tasks API documents for arguments that are not
+    JSON-serializable, so ``except TypeError`` around ``enqueue()`` keeps working.
+    """
 
     def __init__(self, argument: str, reason: str) -> None:
         self.argument = argument

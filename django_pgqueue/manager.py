@@ -24,7 +24,7 @@ from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .partition import bucket_for
-from .payload import check_key, encode_arguments
+from .payload import check_key, check_text, encode_arguments
 from .retry import RetryPolicy
 from .sql import QUERIES, Query
 from .states import JobStatus
@@ -62,6 +62,9 @@ _JSON_COLUMNS = frozenset(
 HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
 # Largest number of ids an operator statement handles at once.
 OPERATOR_CHUNK = 1000
+# Job ids are bigint.
+_MIN_JOB_ID = -(2**63)
+_MAX_JOB_ID = 2**63 - 1
 
 
 # ---------------------------------------------------------------------- typed values
@@ -258,7 +261,8 @@ class Failure:
     exception_class: str
     message: str
     traceback: str = ""
-    #: Skip the remaining attempts and dead-letter the job.
+    #: Skip the remaining attempts and dead-letter the job. Separate from the class: a
+    #: ``TypeError`` from arguments that do not bind is recorded as such, and permanent.
     permanent: bool = False
 
 
@@ -765,6 +769,9 @@ class QueueStore:
     def complete_if_leased(self, lease: Lease, result_json: str) -> datetime:
         """Mark the job succeeded with ``result_json``; return its finish time.
 
+        The finish time is the database clock when the statement runs, not the start of
+        the surrounding transaction (an atomic task's handler runs inside it).
+
         Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held. Run on
         the handler's connection inside its transaction, this makes the handler's writes
         and the completion commit or roll back together.
@@ -889,8 +896,10 @@ class QueueStore:
 
     def set_step_if_leased(self, lease: Lease, step: str | None) -> None:
         """Record the job's progress marker; raise :class:`LeaseLost` if not held."""
-        if step is not None and (not isinstance(step, str) or "\x00" in step):
-            raise InvalidOption("step", "must be a string without NUL characters, or None")
+        if step is not None:
+            if not isinstance(step, str):
+                raise InvalidOption("step", f"must be a string or None, not {step!r}")
+            check_text("step", step)
         self._run_fenced("set_step_if_leased", lease, step=step)
 
     # ------------------------------------------------------------------ maintenance
@@ -1045,6 +1054,7 @@ class QueueStore:
         return self._run("prune_queue_stats", retention_seconds=retention_seconds).rowcount
 
     # ------------------------------------------------------------------ operators
+    # Each raises InvalidOption, before any SQL, for an id that is not a bigint integer.
     def retry(self, job_ids: Iterable[int]) -> OperatorResult:
         """Revive dead-lettered or cancelled jobs (attempts reset, ready now)."""
         return self._operate("retry_jobs", job_ids, channel=conf.NOTIFY_CHANNEL)
@@ -1055,6 +1065,8 @@ class QueueStore:
 
     def cancel(self, job_ids: Iterable[int], *, reason: str | None = None) -> OperatorResult:
         """Cancel pending jobs; running and finished ones are skipped."""
+        if reason is not None:
+            check_text("reason", reason)
         return self._operate("cancel_jobs", job_ids, reason=reason)
 
     def discard(self, job_ids: Iterable[int]) -> OperatorResult:
@@ -1192,13 +1204,13 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         raise InvalidOption("task_path", "must be a non-empty string")
     if len(task_path) > TASK_PATH_MAX_LENGTH:
         raise InvalidOption("task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters")
+    check_text("task_path", task_path)
     queue = spec.queue
     if not isinstance(queue, str) or not queue:
         raise InvalidOption("queue_name", "must be a non-empty string")
-    if len(queue) > QUEUE_MAX_LENGTH or "\x00" in queue:
-        raise InvalidOption(
-            "queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters, without NUL"
-        )
+    if len(queue) > QUEUE_MAX_LENGTH:
+        raise InvalidOption("queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters")
+    check_text("queue_name", queue)
     priority = spec.priority
     if type(priority) is not int:
         raise InvalidOption("priority", f"must be an integer, not {priority!r}")
@@ -1311,6 +1323,9 @@ def _unique_ids(job_ids: Iterable[int]) -> list[int]:
     for job_id in job_ids:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise InvalidOption("job_ids", f"must be integers, not {job_id!r}")
+        if not _MIN_JOB_ID <= job_id <= _MAX_JOB_ID:
+            # Checked here: PostgreSQL would refuse the array and abort the transaction.
+            raise InvalidOption("job_ids", f"{job_id} is outside the range of job ids (bigint)")
         ids.append(job_id)
     return sorted(set(ids))
 

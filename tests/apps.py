@@ -29,7 +29,7 @@ def _die_after_return(sender: Any, task_result: Any, **kwargs: Any) -> None:
 
 
 def _record_signal(sender: Any, task_result: Any, signal: Any, **kwargs: Any) -> None:
-    if task_result.task.name != "signal_probe":
+    if not task_result.task.name.startswith("signal_"):
         return
     from django_pgqueue.compat import task_started
     from tests import ledger

@@ -191,3 +191,118 @@ def signal_probe(value: int) -> int:
 def typed_report(name: str) -> str:
     """Declared with django_pgqueue.task."""
     return name.upper()
+
+
+# ---------------------------------------------------------------- results and failures
+@task
+def echo(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """Return exactly what the task received (types included)."""
+    return {
+        "args": [[type(value).__name__, value] for value in args],
+        "kwargs": {name: [type(value).__name__, value] for name, value in kwargs.items()},
+    }
+
+
+@task
+def returns_mapping(kind: str) -> Any:
+    """Return a Mapping or str subclass that Django stores as its plain form."""
+    import collections
+    import enum
+
+    from django.db import models
+
+    class Colour(models.TextChoices):
+        RED = "red", "Red"
+
+    class Size(enum.IntEnum):
+        LARGE = 3
+
+    values = {
+        "ordered": lambda: collections.OrderedDict([("b", 1), ("a", [2])]),
+        "default": lambda: collections.defaultdict(list, {"x": [1]}),
+        "choice": lambda: Colour.RED,
+        "nested": lambda: {"colour": Colour.RED, "size": Size.LARGE, "pair": (1, 2)},
+        "bytes": lambda: b"caf\xc3\xa9",
+        "wide_float": lambda: [1e20, 1.5e300, 0.1],
+    }
+    return values[kind]()
+
+
+@task(max_attempts=3)
+def returns_unstorable(kind: str, marker_job: int = 0) -> Any:
+    """Do the work (a ledger entry), then return something that cannot be stored."""
+    from tests import ledger
+
+    if marker_job:
+        ledger.write(marker_job, "side-effect")
+    values = {
+        "set": lambda: {1, 2},
+        "nan": lambda: {"ratio": float("nan")},
+        "nul": lambda: "a\x00b",
+        "surrogate": lambda: ["\ud800"],
+        "object": object,
+        "huge_int": lambda: 10**5000,
+    }
+    return values[kind]()
+
+
+@task(takes_context=True, atomic=True, max_attempts=3)
+def atomic_returns_unstorable(context: Any) -> Any:
+    """Write an Order in the job's transaction, then return a set."""
+    from tests.models import Order
+
+    Order.objects.create(job_id=context.job_id, note="atomic")
+    return {1, 2}
+
+
+@task(max_attempts=3)
+def signal_exit(kind: str) -> None:
+    """Leave the way a script would: SystemExit, KeyboardInterrupt or exit()."""
+    import sys
+
+    if kind == "system_exit":
+        sys.exit(3)
+    if kind == "keyboard_interrupt":
+        raise KeyboardInterrupt("stop")
+    exit("bye")  # the site builtin: raises SystemExit("bye")  # noqa: PLR1722
+
+
+@task(max_attempts=3)
+async def signal_async_exit() -> None:
+    """An async task calling sys.exit()."""
+    import sys
+
+    await asyncio.sleep(0)
+    sys.exit(4)
+
+
+class UnprintableError(Exception):
+    """An error whose message cannot be rendered."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ is broken")
+
+
+@task(max_attempts=3)
+def raises_unprintable() -> None:
+    """Raise an exception whose __str__ raises."""
+    raise UnprintableError("hidden")
+
+
+@task(timeout=30.0, max_attempts=1)
+async def async_own_timeout() -> None:
+    """Raise the task's own TimeoutError, well within the job's timeout."""
+    await asyncio.sleep(0)
+    raise TimeoutError("the upstream API timed out")
+
+
+@task(takes_context=True, atomic=True)
+def atomic_finish_clock(context: Any) -> str:
+    """Hold the job's transaction open a while, then return the database clock at the end."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(0.2)")  # work that takes time inside the transaction
+        cursor.execute("SELECT clock_timestamp()")
+        finished: Any = cursor.fetchone()[0]
+    return str(finished.isoformat())

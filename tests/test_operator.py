@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from django.db import transaction
 from django.utils import timezone
 
 from django_pgqueue.exceptions import InvalidOption, LeaseLost
@@ -121,3 +122,16 @@ def test_operator_actions_handle_more_ids_than_one_chunk(store):
     result = store.cancel([outcome.job.pk for outcome in jobs])
     assert len(result.done) == 2500
     assert Job.objects.filter(status=JobStatus.CANCELLED).count() == 2500
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["retry", "cancel", "run_now", "discard", "requeue_expired"])
+@pytest.mark.parametrize("job_id", [2**63, -(2**63) - 1, 10**30])
+def test_ids_outside_the_bigint_range_raise_and_leave_the_transaction_usable(action, job_id):
+    with transaction.atomic():
+        job = Job.objects.enqueue("tests.tasks.noop")
+        with pytest.raises(InvalidOption, match="job_ids") as caught:
+            getattr(Job.objects, action)([job.pk, job_id])
+        assert str(job_id) in str(caught.value)
+        # Nothing reached SQL, so the caller's transaction goes on.
+        assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING

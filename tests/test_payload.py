@@ -30,12 +30,23 @@ def test_kwargs_must_be_a_mapping_and_args_a_sequence():
         encode_arguments("abc", {}, limit=100)  # type: ignore[arg-type]
 
 
-def test_subclasses_of_json_types_are_rejected():
+def test_subclasses_of_json_types_are_stored_as_their_plain_form():
     class Name(str):
         pass
 
-    with pytest.raises(InvalidArguments, match="Name"):
-        encode_arguments([Name("x")], {}, limit=100)
+    class Ratio(float):
+        pass
+
+    assert encode_arguments([Name("x"), Ratio(0.5)], {Name("k"): Name("v")}, limit=100) == (
+        '["x",0.5]',
+        '{"k":"v"}',
+    )
+
+
+def test_wide_floats_are_written_so_that_jsonb_keeps_them_floats():
+    args_json, _ = encode_arguments([1e20, -1.5e17, 1e15], {}, limit=10**6)
+    assert args_json == "[100000000000000000000.0,-150000000000000000.0,1000000000000000.0]"
+    assert json.loads(args_json) == [1e20, -1.5e17, 1e15]
 
 
 def test_model_instances_get_a_hint():
@@ -46,7 +57,19 @@ def test_model_instances_get_a_hint():
         encode_arguments([FakeModel()], {}, limit=100)
 
 
-def test_results_are_checked_too():
-    assert encode_result({"ok": [1, 2]}) == '{"ok":[1,2]}'
-    with pytest.raises(InvalidArguments, match="return value"):
-        encode_result({1, 2})
+def test_results_are_normalised_as_django_does():
+    stored = encode_result({"ok": (1, 2), 3: b"caf\xc3\xa9", "wide": 1e20})
+    assert stored.json == '{"ok":[1,2],"3":"café","wide":100000000000000000000.0}'
+    assert stored.value == {"ok": [1, 2], 3: "café", "wide": 1e20}
+    assert stored.problem is None
+
+
+def test_a_result_that_cannot_be_stored_becomes_a_note():
+    stored = encode_result({"ok": [1, {2, 3}]})
+    assert (
+        stored.problem == "return value['ok'][1]: set is not JSON-serializable; pass a sorted list"
+    )
+    assert stored.value == {
+        "unstorable_result": {"type": "builtins.dict", "reason": stored.problem}
+    }
+    assert json.loads(stored.json) == stored.value

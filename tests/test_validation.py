@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db]
         ([1, math.inf], {}, "args[1]", "inf"),
         ([], {"x": -math.inf}, "kwargs['x']", "-inf"),
         (["a\x00b"], {}, "args[0]", "NUL"),
-        ([], {"x": {"a\x00": 1}}, "kwargs['x']", "NUL"),
+        ([], {"x": {"a\x00": 1}}, "kwargs['x']['a\\x00']", "NUL"),
         ([dt.datetime(2026, 1, 1, tzinfo=dt.UTC)], {}, "args[0]", "datetime"),
         ([decimal.Decimal("1.5")], {}, "args[0]", "Decimal"),
         ([b"raw"], {}, "args[0]", "bytes"),

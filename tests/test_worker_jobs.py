@@ -99,18 +99,7 @@ def test_exhausted_retries_end_in_dead_letter(workers):
     assert [error.exception_class for error in failed.errors] == [ValueError] * 3
 
 
-@pytest.mark.parametrize("task_path", ["tests.tasks.add", "tests.tasks.async_add"])
-def test_arguments_that_do_not_bind_fail_permanently_without_retry(workers, task_path):
-    job = Job.objects.enqueue(task_path, args=[1], kwargs={"c": 3}, max_attempts=5)
-    assert workers("--burst").wait() == 0
-    job.refresh_from_db()
-    assert job.status == JobStatus.DEAD_LETTER
-    assert job.attempts == 1
-    assert job.last_error_class == "django_pgqueue.exceptions.PermanentError"
-    assert f"arguments do not match {task_path}" in job.last_error
-
-
-def test_a_non_json_return_value_fails_permanently(workers):
+def test_a_type_error_raised_by_the_task_fails_it_and_a_list_result_is_stored(workers):
     job = Job.objects.enqueue("tests.tasks.add", args=[[1], [2]])  # returns a list: fine
     bad = Job.objects.enqueue("tests.tasks.add", args=[{"a": 1}, {"b": 2}])  # TypeError
     assert workers("--burst", settings=FAST_RETRY).wait() == 0

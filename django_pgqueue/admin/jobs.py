@@ -40,11 +40,13 @@ from .filters import (
 from .formatting import relative, status_badge
 from .lag import lag_view
 from .pagination import EstimatedCountPaginator
+from .parameters import drop_unstorable_parameters
 
 __all__ = ["BaseJobAdmin", "JobAdmin"]
 
 #: Largest id a search term may name (bigint).
 _MAX_ID = 2**63 - 1
+_MAX_ID_DIGITS = len(str(_MAX_ID))
 
 
 if TYPE_CHECKING:
@@ -107,7 +109,14 @@ class BaseJobAdmin(_ModelAdmin):
             return queryset, False
         condition = Q(idempotency_key=term) | Q(partition_key=term)
         number = term.removeprefix("#")
-        if number.isdigit() and int(number) <= _MAX_ID:
+        # isdigit() is also true of "²" and Arabic-Indic digits; int() refuses the first and
+        # reads the others. Only ASCII digits of a bigint name a job.
+        if (
+            number.isascii()
+            and number.isdigit()
+            and len(number) <= _MAX_ID_DIGITS
+            and (int(number) <= _MAX_ID)
+        ):
             condition |= Q(pk=int(number))
         return queryset.filter(condition), False
 
@@ -162,7 +171,10 @@ class BaseJobAdmin(_ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Render the listing under a plain title."""
+        """Render the listing under a plain title (dropping filters no row can match)."""
+        redirect = drop_unstorable_parameters(request)
+        if redirect is not None:
+            return redirect
         return super().changelist_view(
             request, {"title": self.listing_title, **(extra_context or {})}
         )

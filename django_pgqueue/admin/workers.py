@@ -23,6 +23,7 @@ from ..models import Job, Worker
 from ..partition import BUCKET_COUNT
 from ..states import WorkerStatus
 from .formatting import relative, worker_badge
+from .parameters import drop_unstorable_parameters
 
 __all__ = ["WorkerAdmin"]
 
@@ -84,6 +85,9 @@ class WorkerAdmin(_ModelAdmin):
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """Render the listing, with each worker's running jobs looked up in one query."""
+        redirect = drop_unstorable_parameters(request)
+        if redirect is not None:
+            return redirect
         response = super().changelist_view(
             request, {"title": _("Workers"), **(extra_context or {})}
         )

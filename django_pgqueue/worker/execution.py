@@ -34,7 +34,7 @@ from ..exceptions import (
     UnknownTask,
 )
 from ..manager import ClaimedJob, DjangoRunner, Failure, QueueStore
-from ..payload import encode_result
+from ..payload import StoredResult, encode_result
 
 __all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
 
@@ -42,6 +42,9 @@ logger = logging.getLogger("django_pgqueue.worker")
 
 _MAX_MESSAGE = 10_000
 _MAX_TRACEBACK = 50_000
+# Set on a TypeError raised because a job's arguments do not bind to its task: the error
+# is recorded as it is, but retrying it cannot help.
+_ARGUMENTS_MISMATCH = "_pgqueue_arguments_mismatch"
 # How long an import failure is remembered before the import is tried again.
 _UNKNOWN_TASK_RETRY_SECONDS = 5.0
 
@@ -158,15 +161,25 @@ class Outcome:
 
 
 def failure_from(error: BaseException, *, permanent: bool = False) -> Failure:
-    """Describe ``error`` for the job's history."""
+    """Describe ``error`` for the job's history, as it was raised.
+
+    Never raises: an exception whose ``__str__`` fails is recorded with its own class
+    and a placeholder message. Permanent (no retry): ``permanent``, a
+    :class:`PermanentError`, or arguments that do not bind (see ``JobRunner._explain``).
+    """
     kind = type(error)
-    message = str(error) or repr(error)
-    text = "".join(traceback.format_exception(error))
+    message = _message_of(error)
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:  # a broken exception must not hide the failure
+        text = f"{kind.__module__}.{kind.__qualname__}: {message}"
     return Failure(
         exception_class=f"{kind.__module__}.{kind.__qualname__}",
         message=message[:_MAX_MESSAGE],
         traceback=text[-_MAX_TRACEBACK:],
-        permanent=permanent or isinstance(error, PermanentError | InvalidArguments),
+        permanent=permanent
+        or isinstance(error, PermanentError | InvalidArguments)
+        or getattr(error, _ARGUMENTS_MISMATCH, False),
     )
 
 
@@ -230,23 +243,25 @@ class JobRunner:
         return [context, *job.args]
 
     @staticmethod
-    def _explain(error: Exception, flight: InFlight, args: list[Any]) -> Exception:
-        """Turn a TypeError from arguments that do not bind into a permanent failure.
+    def _explain(error: BaseException, flight: InFlight, args: list[Any]) -> BaseException:
+        """Mark a TypeError from arguments that do not bind as permanent (no retry).
 
-        Binding is only checked after a TypeError, so the common path pays nothing; a
-        TypeError raised inside the task (with arguments that do bind) stays retryable.
+        The error stays what it is (class and message as Python raised it); a note names
+        the task's signature. Binding is only checked after a TypeError, so the common
+        path pays nothing; a TypeError raised inside the task (with arguments that do
+        bind) stays retryable.
         """
         entry = flight.entry
         if not isinstance(error, TypeError) or entry is None:
             return error
         try:
             entry.signature.bind(*args, **flight.job.kwargs)
-        except TypeError as mismatch:
-            permanent = PermanentError(
-                f"arguments do not match {flight.job.task_path}{entry.signature}: {mismatch}"
+        except TypeError:
+            setattr(error, _ARGUMENTS_MISMATCH, True)
+            error.add_note(
+                f"django-pgqueue: the job's arguments do not match "
+                f"{flight.job.task_path}{entry.signature}; it will not be retried"
             )
-            permanent.__cause__ = error
-            return permanent
         return error
 
     def _finish_signal(
@@ -279,7 +294,7 @@ class JobRunner:
         self,
         flight: InFlight,
         task_result: TaskResult,  # type: ignore[type-arg]
-        raised: Exception,
+        raised: BaseException,
         args: list[Any],
         started: float,
     ) -> Outcome:
@@ -331,10 +346,10 @@ class JobRunner:
         try:
             task_started.send(PgQueueBackend, task_result=task_result)
             value = entry.func(*args, **job.kwargs)
-            result_json = encode_result(value)
-        except Exception as raised:
+        except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
-        return self._succeeded(flight, task_result, value, result_json, started)
+        stored = _stored(job, value)
+        return self._succeeded(flight, task_result, stored.value, stored.json, started)
 
     def _run_atomic(
         self,
@@ -354,16 +369,15 @@ class JobRunner:
         try:
             with transaction.atomic(using=self.database):
                 task_started.send(PgQueueBackend, task_result=task_result)
-                value = entry.func(*args, **job.kwargs)
-                result_json = encode_result(value)
-                store.complete_if_leased(job.lease, result_json)
+                stored = _stored(job, entry.func(*args, **job.kwargs))
+                store.complete_if_leased(job.lease, stored.json)
         except LeaseLost as error:
             self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
             return Outcome(flight, OutcomeKind.LOST, duration=time.monotonic() - started)
-        except Exception as raised:
+        except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
         return self._succeeded(
-            flight, task_result, value, result_json, started, kind=OutcomeKind.COMMITTED
+            flight, task_result, stored.value, stored.json, started, kind=OutcomeKind.COMMITTED
         )
 
     # ------------------------------------------------------------------ async tasks
@@ -385,16 +399,43 @@ class JobRunner:
             if entry.timeout is not None:
                 flight.deadline = started + entry.timeout
                 try:
-                    value = await asyncio.wait_for(coroutine, entry.timeout)
+                    async with asyncio.timeout(entry.timeout) as scope:
+                        value = await coroutine
                 except TimeoutError as error:
+                    if not scope.expired():
+                        raise  # the task's own TimeoutError, not our timeout
                     raise JobTimeout(
                         f"{job.task_path} ran longer than its timeout of {entry.timeout}s"
                     ) from error
             else:
                 value = await coroutine
-            result_json = encode_result(value)
         except asyncio.CancelledError:
             raise
-        except Exception as raised:
+        except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
-        return self._succeeded(flight, task_result, value, result_json, started)
+        stored = _stored(job, value)
+        return self._succeeded(flight, task_result, stored.value, stored.json, started)
+
+
+def _message_of(error: BaseException) -> str:
+    try:
+        return str(error) or repr(error)
+    except Exception as broken:  # recorded in the placeholder
+        return f"<str() of the exception failed: {type(broken).__name__}>"
+
+
+def _stored(job: ClaimedJob, value: Any) -> StoredResult:
+    """Return ``value`` as it will be stored; warn if it had to be replaced by a note.
+
+    The job still succeeds: its work is done, and a retry would do it twice.
+    """
+    stored = encode_result(value)
+    if stored.problem is not None:
+        logger.warning(
+            "job %s: the return value of %s cannot be stored (%s); the job succeeded and "
+            "its result is a note saying so",
+            job.id,
+            job.task_path,
+            stored.problem,
+        )
+    return stored
