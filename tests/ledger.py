@@ -22,6 +22,10 @@ def _conn() -> psycopg.Connection[Any]:
         from django_pgqueue.pgconn import connect
 
         _connection = connect("default", prepare=False, application_name="test ledger")
+        # The embedded server runs with synchronous_commit off (speed): a crash of the
+        # server (an immediate restart test) may lose the last commits. The ledger is the
+        # witness of what ran: its commits must survive such a crash.
+        _connection.execute("SET synchronous_commit = on")
     return _connection
 
 

@@ -15,6 +15,7 @@ from django.db import connections
 
 from django_pgqueue import checks as pgqueue_checks
 from django_pgqueue.schema import queue_tables
+from tests.admin_fixtures import login, url
 from tests.indexes import (
     JOB_TABLE,
     break_unique_index,
@@ -51,7 +52,7 @@ def test_the_tables_come_from_the_app_models():
     ]
 
 
-def test_w002_names_the_index_and_the_statement_that_repairs_it(conn):
+def test_w002_names_the_index_and_the_statement_that_repairs_it(conn, client):
     assert _w002() == []
     seed_finished_jobs(conn, 2)
     break_unique_index(conn, BROKEN)
@@ -63,11 +64,19 @@ def test_w002_names_the_index_and_the_statement_that_repairs_it(conn):
     repair = f'REINDEX INDEX CONCURRENTLY "public"."{BROKEN}";'
     assert messages[0].hint == f"Repair it with: {repair}"
 
+    # The lag page lists it, with the same repair.
+    login(client, superuser=True)
+    page = client.get(url("django_pgqueue_lag"))
+    assert [problem.index.index_name for problem in page.context["invalid_indexes"]] == [BROKEN]
+    assert f'data-index="{BROKEN}"' in page.text
+    assert "REINDEX INDEX CONCURRENTLY" in page.text
+
     duplicate = conn.execute(f"SELECT min(id) FROM {JOB_TABLE}").fetchone()[0]
     conn.execute(f"DELETE FROM {JOB_TABLE} WHERE id = %s", [duplicate])
     conn.execute(repair.rstrip(";"))
     assert validity(conn, BROKEN) is True
     assert _w002() == []
+    assert client.get(url("django_pgqueue_lag")).context["invalid_indexes"] == []
 
 
 def test_w002_reports_the_leftover_of_an_interrupted_reindex(conn, open_connection):
