@@ -191,3 +191,55 @@ def signal_probe(value: int) -> int:
 def typed_report(name: str) -> str:
     """Declared with django_pgqueue.task."""
     return name.upper()
+
+
+# ---------------------------------------------------------------- outcomes the database refuses
+#: An exception whose class path (module + qualname) is longer than last_error_class.
+LongNamedError = type("Overlong" + "Name" * 70 + "Error", (RuntimeError,), {"__module__": __name__})
+
+#: Kinds of outcome PostgreSQL refuses as they are: NUL in text, lone surrogates (not
+#: encodable as UTF-8), a class path longer than its column.
+POISON_OUTCOMES = (
+    "nul_message",
+    "long_class_path",
+    "surrogate_message",
+    "surrogate_result",
+    "nul_result",
+)
+
+
+def _poison_outcome(kind: str) -> Any:
+    if kind == "nul_message":
+        raise ValueError("before\x00after")
+    if kind == "long_class_path":
+        raise LongNamedError("a long class path")
+    if kind == "surrogate_message":
+        raise ValueError("lone \udc80 surrogate")
+    if kind == "surrogate_result":
+        return {"text": "lone \udc80 surrogate"}
+    if kind == "nul_result":
+        return {"text": "before\x00after"}
+    raise AssertionError(kind)
+
+
+@task(takes_context=True, max_attempts=1)
+def ledger_poison_outcome(context: Any, kind: str) -> Any:
+    """Raise or return text PostgreSQL refuses to store (see ``POISON_OUTCOMES``)."""
+    _ledger(context, "start", kind)
+    return _poison_outcome(kind)
+
+
+@task(takes_context=True, max_attempts=3)
+def ledger_poison_outcome_retried(context: Any, kind: str) -> Any:
+    """Like ``ledger_poison_outcome``, with attempts to spare."""
+    _ledger(context, "start", kind)
+    return _poison_outcome(kind)
+
+
+@task(takes_context=True, max_attempts=3)
+def ledger_exit_poison(context: Any) -> None:
+    """End the worker process running it at once, every time (os._exit: no clean-up)."""
+    import os
+
+    _ledger(context, "start")
+    os._exit(1)
