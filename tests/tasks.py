@@ -243,3 +243,36 @@ def ledger_exit_poison(context: Any) -> None:
 
     _ledger(context, "start")
     os._exit(1)
+
+
+# ---------------------------------------------------------------- handlers past their timeout
+@task(takes_context=True, timeout=1.0, max_attempts=1)
+def ledger_stubborn(context: Any, seconds: float = 4.0, label: str = "") -> None:
+    """Run past the 1 second timeout without noticing cancellation (it cannot be stopped)."""
+    import time
+
+    _ledger(context, "start", label)
+    time.sleep(seconds)
+    _ledger(context, "end", label)
+
+
+@task(takes_context=True, timeout=3.0, max_attempts=3)
+def ledger_overrun_once(context: Any) -> int:
+    """Overrun the 3 s timeout on the first attempt; later attempts take 2.6 s, in time."""
+    import time
+
+    _ledger(context, "start")
+    time.sleep(3.5 if context.attempt == 1 else 2.6)
+    _ledger(context, "end")
+    return context.attempt
+
+
+@task(takes_context=True)
+def ledger_sleep_through(context: Any, seconds: float = 4.0, later_seconds: float = 5.0) -> int:
+    """Sleep without noticing cancellation: ``seconds`` on attempt 1, ``later_seconds`` after."""
+    import time
+
+    _ledger(context, "start")
+    time.sleep(seconds if context.attempt == 1 else later_seconds)
+    _ledger(context, "end")
+    return context.attempt
