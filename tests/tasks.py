@@ -276,3 +276,44 @@ def ledger_sleep_through(context: Any, seconds: float = 4.0, later_seconds: floa
     time.sleep(seconds if context.attempt == 1 else later_seconds)
     _ledger(context, "end")
     return context.attempt
+
+
+# ---------------------------------------------------------------- bookkeeping beside atomic jobs
+@task(takes_context=True, atomic=True)
+def ledger_atomic_step_hold(
+    context: Any, hold_seconds: float = 6.0, linger_after_return: float = 0.0
+) -> int:
+    """Record a step inside the job's transaction, then keep that transaction open.
+
+    ``linger_after_return`` is read by a task_finished receiver of the test app, which
+    sleeps that long after the transaction committed (a slow receiver).
+    """
+    import time
+
+    _ledger(context, "start")
+    context.set_step("holding")  # locks the job's row until the transaction ends
+    _ledger(context, "step-set")
+    time.sleep(hold_seconds)
+    _ledger(context, "return")
+    return context.attempt
+
+
+@task(takes_context=True)
+def ledger_plain_step(context: Any, before: float = 1.0, after: float = 2.0) -> int:
+    """Record a step ``before`` seconds in, timing the call (ledger "step", label = seconds).
+
+    The ledger's "return" entry is written just before the handler returns.
+    """
+    import time
+
+    _ledger(context, "start")
+    if context.wait_cancelled(before):
+        _ledger(context, "cancelled")
+        return context.attempt
+    called = time.monotonic()
+    context.set_step("halfway")
+    _ledger(context, "step", f"{time.monotonic() - called:.3f}")
+    if context.wait_cancelled(after):
+        _ledger(context, "cancelled")
+    _ledger(context, "return")
+    return context.attempt
