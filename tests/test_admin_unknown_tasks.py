@@ -92,7 +92,7 @@ def test_the_lag_page_counts_them_in_their_own_column(client):
     row = next(row for row in response.context["rows"] if row.lag.queue == "emails")
     assert (row.lag.ready, row.lag.scheduled) == (1, 1), "counted as ready or scheduled"
     cells = _cells(response.text, "emails")
-    columns = [name for name in cells if re.search(r"unknown task|knows? th", name, re.I)]
+    columns = [name for name in cells if re.search(r"unknown|know|wait|task", name, re.I)]
     assert len(columns) == 1, f"no column of its own among {list(cells)}"
     assert cells[columns[0]] == "1"
     # A queue without such jobs shows none.
