@@ -11,7 +11,10 @@ Lock waits are sampled from ``pg_stat_activity`` (see :mod:`tests.lockwatch`).
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+from psycopg import sql
 
 from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
@@ -177,4 +180,84 @@ def test_an_atomic_job_committing_while_the_heartbeat_meets_its_row_is_counted_s
         ),
         timeout=10,
         message=f"the succeeded job to be counted\n{worker.output()}",
+    )
+
+
+def _seed_old_succeeded_jobs(observer, count: int) -> None:
+    """Insert ``count`` jobs that succeeded a day ago (for housekeeping to prune)."""
+    seed = Job.objects.enqueue("tests.tasks.noop").pk
+    observer.execute(
+        "UPDATE django_pgqueue_job SET status = 'succeeded', attempts = 1, "
+        "started_at = now() - interval '1 day', finished_at = now() - interval '1 day' "
+        "WHERE id = %s",
+        [seed],
+    )
+    columns = [
+        sql.Identifier(name)
+        for (name,) in observer.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'django_pgqueue_job' AND column_name <> 'id'"
+        ).fetchall()
+    ]
+    listed = sql.SQL(", ").join(columns)
+    observer.execute(
+        sql.SQL(
+            "INSERT INTO django_pgqueue_job ({columns}) SELECT {columns} "
+            "FROM django_pgqueue_job, generate_series(1, %s) WHERE id = %s"
+        ).format(columns=listed),
+        [count - 1, seed],
+    )
+
+
+def test_a_housekeeping_pass_keeps_no_reaped_row_locked_while_it_prunes(workers, observer, db_url):
+    _seed_old_succeeded_jobs(observer, 500_000)
+    job_id = Job.objects.enqueue("tests.tasks.ledger_sleep", kwargs={"seconds": 15}).pk
+    first = workers(*LEASE, "--no-housekeeping", settings=RECOVERY)
+    first_id = first.wait_registered(observer)
+    wait_for(lambda: _entry(observer, job_id, "start"), timeout=30, message="the job to start")
+    first.send(signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: observer.execute(
+                "SELECT lease_expires_at < now() FROM django_pgqueue_job WHERE id = %s", [job_id]
+            ).fetchone()[0],
+            timeout=10,
+            message="the paused worker's lease to expire",
+        )
+        with LockWatch(db_url) as watch:
+            # Its first pass reaps the expired lease, then prunes 500,000 old jobs.
+            workers(
+                *LEASE,
+                settings={
+                    **RECOVERY,
+                    "RETENTION_SECONDS": 3600,
+                    "PRUNE_BATCH_SIZE": 1_000_000,
+                    "HOUSEKEEPING_INTERVAL_SECONDS": 0.05,
+                },
+            )
+            wait_for(
+                lambda: observer.execute(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND state = 'active' "
+                    "AND application_name LIKE 'pgqueue housekeeping%%' "
+                    "AND query ILIKE '%%delete from django_pgqueue_job%%'"
+                ).fetchone()[0],
+                timeout=30,
+                interval=0.01,
+                message="the housekeeping pass to prune",
+            )
+            first.send(signal.SIGCONT)
+            # The first worker's heartbeat extends the reaped lease (and learns it is lost).
+            wait_for(
+                lambda: f"job {job_id}: lease lost" in first.output(),
+                timeout=30,
+                message="the first worker to learn its lease is gone",
+            )
+    finally:
+        first.send(signal.SIGCONT)
+    assert not watch.errors, watch.errors
+    heartbeat = f"pgqueue heartbeat {first_id}"[:63]
+    waited = watch.longest(lambda wait: wait.application_name == heartbeat)
+    assert waited is None or waited.seconds <= MAX_LOCK_WAIT, (
+        f"the heartbeat waited {waited.seconds:.2f}s behind a housekeeping pass\n{watch.report()}"
     )
