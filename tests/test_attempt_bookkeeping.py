@@ -85,8 +85,9 @@ def test_a_job_re_claimed_while_its_paused_attempt_still_runs_succeeds_on_that_a
 def test_a_job_re_claimed_while_its_timed_out_attempt_still_runs_succeeds_on_that_attempt(
     workers, observer
 ):
-    # Attempt 1 overruns its 3 s timeout and returns at 3.5 s; attempt 2 (2.6 s, in
-    # time, longer than the 1.5 s lease) is still running when attempt 1 returns.
+    # Attempt 1 overruns its 4 s timeout and returns at 4.6 s; attempt 2 (3.2 s, in
+    # time, longer than the 1.5 s lease) is still running when attempt 1 returns and
+    # runs on for longer than a lease after that.
     result = tasks.ledger_overrun_once.enqueue()
     job_id = int(result.id)
     worker = workers("--lease-seconds", "1.5", "--poll-interval", "0.1", settings=RECOVERY)
