@@ -306,3 +306,129 @@ def atomic_finish_clock(context: Any) -> str:
         cursor.execute("SELECT clock_timestamp()")
         finished: Any = cursor.fetchone()[0]
     return str(finished.isoformat())
+
+
+# ---------------------------------------------------------------- outcomes the database refuses
+#: An exception whose class path (module + qualname) is longer than last_error_class.
+LongNamedError = type("Overlong" + "Name" * 70 + "Error", (RuntimeError,), {"__module__": __name__})
+
+#: Kinds of outcome PostgreSQL refuses as they are: NUL in text, lone surrogates (not
+#: encodable as UTF-8), a class path longer than its column.
+POISON_OUTCOMES = (
+    "nul_message",
+    "long_class_path",
+    "surrogate_message",
+    "surrogate_result",
+    "nul_result",
+)
+
+
+def _poison_outcome(kind: str) -> Any:
+    if kind == "nul_message":
+        raise ValueError("before\x00after")
+    if kind == "long_class_path":
+        raise LongNamedError("a long class path")
+    if kind == "surrogate_message":
+        raise ValueError("lone \udc80 surrogate")
+    if kind == "surrogate_result":
+        return {"text": "lone \udc80 surrogate"}
+    if kind == "nul_result":
+        return {"text": "before\x00after"}
+    raise AssertionError(kind)
+
+
+@task(takes_context=True, max_attempts=1)
+def ledger_poison_outcome(context: Any, kind: str) -> Any:
+    """Raise or return text PostgreSQL refuses to store (see ``POISON_OUTCOMES``)."""
+    _ledger(context, "start", kind)
+    return _poison_outcome(kind)
+
+
+@task(takes_context=True, max_attempts=3)
+def ledger_poison_outcome_retried(context: Any, kind: str) -> Any:
+    """Like ``ledger_poison_outcome``, with attempts to spare."""
+    _ledger(context, "start", kind)
+    return _poison_outcome(kind)
+
+
+@task(takes_context=True, max_attempts=3)
+def ledger_exit_poison(context: Any) -> None:
+    """End the worker process running it at once, every time (os._exit: no clean-up)."""
+    import os
+
+    _ledger(context, "start")
+    os._exit(1)
+
+
+# ---------------------------------------------------------------- handlers past their timeout
+@task(takes_context=True, timeout=1.0, max_attempts=1)
+def ledger_stubborn(context: Any, seconds: float = 4.0, label: str = "") -> None:
+    """Run past the 1 second timeout without noticing cancellation (it cannot be stopped)."""
+    import time
+
+    _ledger(context, "start", label)
+    time.sleep(seconds)
+    _ledger(context, "end", label)
+
+
+@task(takes_context=True, timeout=4.0, max_attempts=3)
+def ledger_overrun_once(context: Any) -> int:
+    """Overrun the 4 s timeout on the first attempt; later attempts take 3.2 s, in time."""
+    import time
+
+    _ledger(context, "start")
+    time.sleep(4.6 if context.attempt == 1 else 3.2)
+    _ledger(context, "end")
+    return context.attempt
+
+
+@task(takes_context=True)
+def ledger_sleep_through(context: Any, seconds: float = 4.0, later_seconds: float = 5.0) -> int:
+    """Sleep without noticing cancellation: ``seconds`` on attempt 1, ``later_seconds`` after."""
+    import time
+
+    _ledger(context, "start")
+    time.sleep(seconds if context.attempt == 1 else later_seconds)
+    _ledger(context, "end")
+    return context.attempt
+
+
+# ---------------------------------------------------------------- bookkeeping beside atomic jobs
+@task(takes_context=True, atomic=True)
+def ledger_atomic_step_hold(
+    context: Any, hold_seconds: float = 6.0, linger_after_return: float = 0.0
+) -> int:
+    """Record a step inside the job's transaction, then keep that transaction open.
+
+    ``linger_after_return`` is read by a task_finished receiver of the test app, which
+    sleeps that long after the transaction committed (a slow receiver).
+    """
+    import time
+
+    _ledger(context, "start")
+    context.set_step("holding")  # locks the job's row until the transaction ends
+    _ledger(context, "step-set")
+    time.sleep(hold_seconds)
+    _ledger(context, "return")
+    return context.attempt
+
+
+@task(takes_context=True)
+def ledger_plain_step(context: Any, before: float = 1.0, after: float = 2.0) -> int:
+    """Record a step ``before`` seconds in, timing the call (ledger "step", label = seconds).
+
+    The ledger's "return" entry is written just before the handler returns.
+    """
+    import time
+
+    _ledger(context, "start")
+    if context.wait_cancelled(before):
+        _ledger(context, "cancelled")
+        return context.attempt
+    called = time.monotonic()
+    context.set_step("halfway")
+    _ledger(context, "step", f"{time.monotonic() - called:.3f}")
+    if context.wait_cancelled(after):
+        _ledger(context, "cancelled")
+    _ledger(context, "return")
+    return context.attempt

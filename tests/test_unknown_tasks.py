@@ -1,0 +1,98 @@
+"""Unknown tasks: a job whose task the worker cannot import waits, visibly, for one that can.
+
+The waiting window (``UNKNOWN_TASK_TIMEOUT_SECONDS``) starts when the job became ready,
+not when it was created: a job scheduled hours ahead that meets a worker without its task
+(a rolling deploy) is not dead-lettered on its first claim. The worker says why it gives
+the job back, once per job, in a WARNING an operator can act on.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from django_pgqueue.models import Job
+from django_pgqueue.states import JobStatus
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+MISSING = "tests.missing_module.vanished_task"
+UNKNOWN_CLASS = "django_pgqueue.exceptions.UnknownTask"
+FAST = ("--poll-interval", "0.2")
+
+
+def _released(job_id: int, generation: int) -> Job | None:
+    """Return the job once it is pending again at a lease generation past ``generation``."""
+    job = Job.objects.get(pk=job_id)
+    if job.status != JobStatus.PROCESSING and job.lease_generation > generation:
+        return job
+    return None
+
+
+def test_a_job_created_long_ago_but_ready_only_now_is_not_dead_lettered_on_its_first_claim(
+    workers, observer
+):
+    job_id = Job.objects.enqueue(MISSING).pk
+    # Created an hour ago (scheduled far ahead, say) and ready only now: the window has
+    # not started yet, whatever created_at says.
+    observer.execute(
+        "UPDATE django_pgqueue_job SET created_at = now() - interval '1 hour' WHERE id = %s",
+        [job_id],
+    )
+    worker = workers(*FAST, settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
+    job = wait_for(lambda: _released(job_id, 0), timeout=30, message="the first claim\n")
+    assert job.status == JobStatus.PENDING, (
+        f"dead-lettered on its first claim: {job.last_error}\n{worker.output()}"
+    )
+    assert job.attempts == 0  # waiting for a worker that knows the task uses no attempt
+    assert job.last_error_class == UNKNOWN_CLASS
+
+
+def test_the_worker_warns_once_per_job_naming_the_task_the_error_and_the_fix(workers, observer):
+    job_id = Job.objects.enqueue(MISSING).pk
+    worker = workers(*FAST, settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
+    generation = 0
+    for _ in range(3):
+        job = wait_for(
+            lambda generation=generation: _released(job_id, generation),
+            timeout=60,
+            message=f"job {job_id} to be given back\n{worker.output()}",
+        )
+        assert job.status == JobStatus.PENDING, job.last_error
+        generation = job.lease_generation
+        Job.objects.run_now([job_id])  # do not wait out the backoff between claims
+    output = worker.output()
+    warnings = [line for line in output.splitlines() if "WARNING" in line and MISSING in line]
+    assert len(warnings) == 1, f"expected one WARNING naming {MISSING}:\n{output}"
+    (line,) = warnings
+    assert "No module named 'tests.missing_module'" in line  # the import error
+    assert re.search(r"deploy|restart", line, re.IGNORECASE), line  # what to do
+    job = Job.objects.get(pk=job_id)
+    assert job.status == JobStatus.PENDING
+    assert job.last_error_class == UNKNOWN_CLASS
+
+
+def test_a_second_worker_warns_about_the_same_job_once_too(workers, observer):
+    job_id = Job.objects.enqueue(MISSING).pk
+    first = workers(*FAST, settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
+    job = wait_for(lambda: _released(job_id, 0), timeout=30, message="the first worker's claim")
+    first.send(15)
+    assert first.wait(30) == 0
+    Job.objects.run_now([job_id])
+    second = workers(*FAST, settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
+    generation = job.lease_generation
+    for _ in range(2):
+        job = wait_for(
+            lambda generation=generation: _released(job_id, generation),
+            timeout=60,
+            message=f"job {job_id} to be given back by the second worker\n{second.output()}",
+        )
+        generation = job.lease_generation
+        Job.objects.run_now([job_id])
+    for worker in (first, second):
+        warnings = [
+            line for line in worker.output().splitlines() if "WARNING" in line and MISSING in line
+        ]
+        assert len(warnings) == 1, worker.output()
