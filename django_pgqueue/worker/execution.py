@@ -124,6 +124,8 @@ class InFlight:
     overdue: bool = False
     #: Its handler is still running (or queued to run) in this process.
     busy: bool = True
+    #: An atomic task's transaction committed its completion: the attempt is over.
+    committed: bool = False
 
     @property
     def key(self) -> tuple[int, int]:
@@ -371,6 +373,9 @@ class JobRunner:
                 task_started.send(PgQueueBackend, task_result=task_result)
                 stored = _stored(job, entry.func(*args, **job.kwargs))
                 store.complete_if_leased(job.lease, stored.json)
+            # Committed: the job is finished in the database, its lease is no longer
+            # held by anyone and must not be extended or reported lost.
+            flight.committed = True
         except LeaseLost as error:
             self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
             return Outcome(flight, OutcomeKind.LOST, duration=time.monotonic() - started)

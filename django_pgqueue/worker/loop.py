@@ -631,7 +631,11 @@ class Worker:
     # ------------------------------------------------------------------ leases
     def _held_leases(self) -> list[Lease]:
         with self._flights_lock:
-            return [flight.job.lease for flight in self._flights.values() if not flight.abandoned]
+            return [
+                flight.job.lease
+                for flight in self._flights.values()
+                if not flight.abandoned and not flight.committed
+            ]
 
     def _overdue_jobs(self) -> list[int]:
         with self._flights_lock:
@@ -647,6 +651,8 @@ class Worker:
                 flight
                 for lease in leases
                 if (flight := self._flights.get((lease.job_id, lease.lease_generation))) is not None
+                # An atomic task that committed finished its job: not lost, done.
+                and not flight.committed
             ]
         for flight in lost:
             logger.warning(
