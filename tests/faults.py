@@ -163,12 +163,17 @@ class WorkerFleet:
         )
         if not rows:
             return 0
-        suffix = rows[0][0][-20:]
+        worker_id = rows[0][0]
+        # The names the worker gives its connections (cut to PostgreSQL's 63 characters).
+        names = [
+            f"pgqueue {kind} {worker_id}"[:63]
+            for kind in ("dispatcher", "heartbeat", "listener", "housekeeping")
+        ]
         at = utcnow()
         terminated = db.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE application_name LIKE 'pgqueue %%' AND right(application_name, 20) = %s",
-            [suffix],
+            "WHERE application_name = ANY(%s)",
+            [names],
         )
         self.faults.append(Fault("pg_terminate_backend", at, utcnow(), frozenset({pid})))
         self._count("pg_terminate_backend (connections of one worker)")

@@ -273,8 +273,21 @@ def check(
                 f"generation {job['lease_generation']} partition {job['partition_key']!r} "
                 f"task {job['task_path']} errors {errors}"
             )
-        lines += [_ledger_line(entry) for run in runs.get(job_id, ()) for entry in run.entries]
+        entries = sorted(
+            (entry for run in runs.get(job_id, ()) for entry in run.entries),
+            key=lambda entry: (entry["at"], entry["id"]),
+        )
+        lines += [_ledger_line(entry) for entry in entries]
         return lines
+
+    def crashes_after(run: Execution) -> list[str]:
+        """Say whether the run's process later exited on its own (a crash is no excuse)."""
+        return [
+            f"  (pid {run.pid} exited on its own with code {exit_.code} at "
+            f"{exit_.at.isoformat(timespec='microseconds')})"
+            for exit_ in exits
+            if exit_.pid == run.pid and not exit_.injected and exit_.at >= run.start
+        ][:1]
 
     def violate(invariant: str, job_id: int | None, detail: str, *extra: str) -> None:
         lines = list(extra) + (job_lines(job_id) if job_id is not None else [])
@@ -331,7 +344,7 @@ def check(
                     job_id,
                     f"{len(same)} executions ran as attempt {attempt}: an attempt whose "
                     "handler ran was given back (refunded) instead of counted",
-                    *(run.describe() for run in same),
+                    *(line for run in same for line in (run.describe(), *crashes_after(run))),
                 )
         numbers = [error.get("attempt") for error in job["errors"]]
         if status in TERMINAL and status != "cancelled":
@@ -361,6 +374,7 @@ def check(
                     "its handler returned successfully, then the job ran again with no "
                     "injected fault on the first execution's process",
                     first.describe(),
+                    *crashes_after(first),
                     later.describe(),
                 )
                 break
@@ -416,6 +430,7 @@ def check(
                     "two executions of the job ran at once with no injected fault on the "
                     "older lease's process",
                     stale.describe(),
+                    *crashes_after(stale),
                     newer.describe(),
                 )
 
@@ -447,6 +462,7 @@ def check(
                     f"partition {key!r}: job {newer.job_id} started while job {older.job_id} "
                     "still ran, with no injected fault on the older one's process",
                     older.describe(),
+                    *crashes_after(older),
                     newer.describe(),
                     *job_lines(older.job_id),
                 )

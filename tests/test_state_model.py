@@ -300,6 +300,8 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(lease=leases, batched=st.booleans())
     def complete(self, lease: Lease, batched: bool) -> None:
+        # A lease that ran out but was not reaped yet is still held: writes are fenced by
+        # lease generation and worker, not by the clock (reaping is what takes a job away).
         if not self.is_current(lease):
             if batched:
                 before = self.db_rows()
