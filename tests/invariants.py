@@ -135,6 +135,9 @@ class Violation:
     job_id: int | None
     detail: str
     lines: tuple[str, ...] = ()
+    #: What the ledger suggests caused it (a timed-out handler still running, a worker
+    #: crash, a lease that expired with no fault on its process), or "".
+    cause: str = ""
 
 
 @dataclass(slots=True)
@@ -154,8 +157,21 @@ class Report:
             lines += [f"  {name}: {count}" for name, count in sorted(self.excused.items())]
         by_invariant = Counter(violation.invariant for violation in self.violations)
         lines.append(f"violations: {len(self.violations)}")
-        lines += [f"  {name}: {count}" for name, count in sorted(by_invariant.items())]
+        for name, count in sorted(by_invariant.items()):
+            lines.append(f"  {name}: {count}")
+            causes = Counter(v.cause for v in self.violations if v.invariant == name and v.cause)
+            lines += [f"    {count:>5} {cause}" for cause, count in causes.most_common()]
         return "\n".join(lines)
+
+    def details(self) -> str:
+        """Return every violation with its evidence (the failure message shows a few)."""
+        parts = []
+        for violation in self.violations:
+            job = f"job {violation.job_id}: " if violation.job_id is not None else ""
+            cause = f" [{violation.cause}]" if violation.cause else ""
+            parts.append(f"{violation.invariant}: {job}{violation.detail}{cause}")
+            parts += [f"    {line}" for line in violation.lines]
+        return "\n".join(parts)
 
     def assert_ok(self) -> None:
         """Raise AssertionError naming the first violations of each invariant."""
@@ -169,7 +185,8 @@ class Report:
             parts.append(f"\n=== {invariant}: {len(violations)} violation(s)")
             for violation in violations[:SHOW_VIOLATIONS]:
                 job = f"job {violation.job_id}: " if violation.job_id is not None else ""
-                parts.append(f"- {job}{violation.detail}")
+                cause = f" [{violation.cause}]" if violation.cause else ""
+                parts.append(f"- {job}{violation.detail}{cause}")
                 parts += [f"    {line}" for line in violation.lines[:SHOW_LINES]]
         raise AssertionError("\n".join(parts))
 
@@ -289,9 +306,28 @@ def check(
             if exit_.pid == run.pid and not exit_.injected and exit_.at >= run.start
         ][:1]
 
-    def violate(invariant: str, job_id: int | None, detail: str, *extra: str) -> None:
+    def violate(
+        invariant: str, job_id: int | None, detail: str, *extra: str, cause: str = ""
+    ) -> None:
         lines = list(extra) + (job_lines(job_id) if job_id is not None else [])
-        report.violations.append(Violation(invariant, job_id, detail, tuple(lines)))
+        report.violations.append(Violation(invariant, job_id, detail, tuple(lines), cause))
+
+    def cause_of(run: Execution) -> str:
+        """Say what the ledger and the job row suggest made ``run`` lose its job."""
+        if run.how == "late-end":
+            return "its handler had timed out and was still running"
+        crashed = [e for e in exits if e.pid == run.pid and not e.injected and e.at >= run.start]
+        if crashed:
+            return f"its worker process crashed (exit {crashed[0].code})"
+        job = evidence.jobs.get(run.job_id)
+        errors = job["errors"] if job else []
+        if any(
+            error.get("attempt") == run.attempt
+            and str(error.get("exception_class", "")).endswith("LeaseExpired")
+            for error in errors
+        ):
+            return "its lease expired although no fault hit its process"
+        return "no timeout, crash or expiry recorded"
 
     # ---- the process exits the test did not cause
     for exit_ in exits:
@@ -345,6 +381,7 @@ def check(
                     f"{len(same)} executions ran as attempt {attempt}: an attempt whose "
                     "handler ran was given back (refunded) instead of counted",
                     *(line for run in same for line in (run.describe(), *crashes_after(run))),
+                    cause=cause_of(same[0]),
                 )
         numbers = [error.get("attempt") for error in job["errors"]]
         if status in TERMINAL and status != "cancelled":
@@ -376,6 +413,7 @@ def check(
                     first.describe(),
                     *crashes_after(first),
                     later.describe(),
+                    cause=cause_of(first),
                 )
                 break
 
@@ -432,6 +470,7 @@ def check(
                     stale.describe(),
                     *crashes_after(stale),
                     newer.describe(),
+                    cause=cause_of(stale),
                 )
 
     # ---- partitions: no overlap, first starts in id order
@@ -465,6 +504,7 @@ def check(
                     *crashes_after(older),
                     newer.describe(),
                     *job_lines(older.job_id),
+                    cause=cause_of(older),
                 )
         report.checks["partition order kept (first starts in id order)"] += 1
         first_starts: dict[int, dt.datetime] = {}

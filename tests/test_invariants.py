@@ -80,6 +80,7 @@ def test_overlapping_executions_of_one_job_are_a_violation_naming_both():
     (violation,) = report.violations
     assert violation.job_id == 1
     assert any("generation 1" in line and "late-end" in line for line in violation.lines)
+    assert violation.cause == "its handler had timed out and was still running"
     with pytest.raises(AssertionError, match="no overlapping executions of one job: 1"):
         report.assert_ok()
 
@@ -126,6 +127,7 @@ def test_a_rerun_after_success_and_a_refunded_attempt_are_violations():
     }
     rerun = next(v for v in report.violations if v.invariant.startswith("no job re-run"))
     assert any("exited on its own with code 1" in line for line in rerun.lines)
+    assert rerun.cause == "its worker process crashed (exit 1)"
 
 
 def test_partition_overlap_and_order_are_checked():

@@ -17,7 +17,8 @@ Deterministic where it can be: the workload and the fault schedule come from one
 printed at the start (``PGQUEUE_SOAK_SEED=<seed>`` replays them; the interleaving of
 processes of course differs). ``PGQUEUE_SOAK_JOBS`` changes the job count. With
 ``DATABASE_URL`` set the server restart is skipped: only the suite's own embedded server is
-ever restarted.
+ever restarted. ``PGQUEUE_SOAK_REPORT=<file>`` writes every violation with its ledger lines
+there (the failure message shows the first few of each invariant).
 """
 
 from __future__ import annotations
@@ -218,4 +219,9 @@ def test_execution_safety_under_injected_faults(db_url):
     print(sampler.summary())
     print(report.summary())
     db.close()
+    report_path = os.environ.get("PGQUEUE_SOAK_REPORT")
+    if report_path:
+        with open(report_path, "w") as report_file:
+            report_file.write(f"seed {seed}\n{report.summary()}\n\n{report.details()}\n")
+        print(f"soak: every violation with its ledger lines written to {report_path}")
     report.assert_ok()

@@ -502,23 +502,20 @@ class QueueMachine(RuleBasedStateMachine):
 
 
 CHECKED: Counter[str] = Counter()
-
-
-def test_queue_state_machine_matches_its_model(store, settings):
-    settings.PGQUEUE_PARTITION_SCAN_LIMIT = SCAN_LIMIT
-    QueueMachine.store = store
-    CHECKED.clear()
-    run_state_machine_as_test(
-        QueueMachine,
-        settings=settings_for_machine,
-    )
-    print("model test: checks made", dict(CHECKED))
-
-
-settings_for_machine = hypothesis_settings(
+# Bounded to run in well under a minute (a failure's shrinking takes longer); no example
+# database: each run explores afresh, and a failure prints the steps that reproduce it.
+MACHINE_SETTINGS = hypothesis_settings(
     max_examples=100,
     stateful_step_count=40,
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
+
+
+def test_queue_state_machine_matches_its_model(store, settings):
+    settings.PGQUEUE_PARTITION_SCAN_LIMIT = SCAN_LIMIT
+    QueueMachine.store = store
+    CHECKED.clear()
+    run_state_machine_as_test(QueueMachine, settings=MACHINE_SETTINGS)
+    print("model test: checks made", dict(CHECKED))
