@@ -319,6 +319,13 @@ def check(
         crashed = [e for e in exits if e.pid == run.pid and not e.injected and e.at >= run.start]
         if crashed:
             return f"its worker process crashed (exit {crashed[0].code})"
+        late = [
+            fault
+            for fault in faults
+            if fault.hits(run.pid, run.start - margin, (run.end or run.start) + margin)
+        ]
+        if late:
+            return f"a {late[0].kind} hit its process, but only after the job was taken from it"
         job = evidence.jobs.get(run.job_id)
         errors = job["errors"] if job else []
         if any(
@@ -381,7 +388,7 @@ def check(
                     f"{len(same)} executions ran as attempt {attempt}: an attempt whose "
                     "handler ran was given back (refunded) instead of counted",
                     *(line for run in same for line in (run.describe(), *crashes_after(run))),
-                    cause=cause_of(same[0]),
+                    cause=min((cause_of(run) for run in same), key=_cause_rank),
                 )
         numbers = [error.get("attempt") for error in job["errors"]]
         if status in TERMINAL and status != "cancelled":
@@ -532,6 +539,14 @@ def check(
                     f"no end recorded and its process was not killed: {run.describe()}",
                 )
     return report
+
+
+def _cause_rank(cause: str) -> int:
+    """Order causes from the most to the least telling."""
+    for rank, word in enumerate(("timed out", "crashed", "hit its process", "expired")):
+        if word in cause:
+            return rank
+    return 9
 
 
 def _ledger_line(entry: dict[str, Any]) -> str:
