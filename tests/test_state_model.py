@@ -223,6 +223,7 @@ class QueueMachine(RuleBasedStateMachine):
             )
         return multiple(*(outcome.id for outcome in outcomes))
 
+    @precondition(lambda self: any(job.status == JobStatus.PENDING for job in self.model.values()))
     @rule(
         target=leases,
         worker=st.sampled_from(WORKERS),
@@ -386,7 +387,9 @@ class QueueMachine(RuleBasedStateMachine):
         job.lease = None
         job.ready_at = self.now + delay
 
-    @precondition(lambda self: self.model)
+    @precondition(
+        lambda self: any(job.status == JobStatus.PROCESSING for job in self.model.values())
+    )
     @rule()
     def reap(self) -> None:
         expired = {
@@ -509,12 +512,18 @@ MACHINE_SETTINGS = hypothesis_settings(
     stateful_step_count=40,
     deadline=None,
     database=None,
+    # One failure, fully shrunk, is faster to get and to read than several.
+    report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
 
-def test_queue_state_machine_matches_its_model(store, settings):
-    settings.PGQUEUE_PARTITION_SCAN_LIMIT = SCAN_LIMIT
+@pytest.mark.parametrize(
+    "scan_limit", [None, SCAN_LIMIT], ids=["default-settings", "small-partition-window"]
+)
+def test_queue_state_machine_matches_its_model(store, settings, scan_limit):
+    if scan_limit is not None:
+        settings.PGQUEUE_PARTITION_SCAN_LIMIT = scan_limit
     QueueMachine.store = store
     CHECKED.clear()
     run_state_machine_as_test(QueueMachine, settings=MACHINE_SETTINGS)
