@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 import psycopg
 
 _connection: psycopg.Connection[Any] | None = None
 _lock = threading.Lock()
+# How long a write keeps reconnecting (a server restart takes a few seconds).
+RECONNECT_SECONDS = 20.0
 
 
 def _conn() -> psycopg.Connection[Any]:
@@ -32,8 +35,14 @@ def _conn() -> psycopg.Connection[Any]:
 def write(
     job_id: int, event: str, *, attempt: int = 0, lease_generation: int = 0, label: str = ""
 ) -> None:
-    """Append one ledger entry (timestamped by the database clock)."""
-    for attempt_number in range(3):
+    """Append one ledger entry (timestamped by the database clock).
+
+    Retries for a while when the connection is lost: a fault-injection test may terminate
+    it or restart the server, and a lost entry would read as an execution that never ended.
+    """
+    global _connection  # noqa: PLW0603
+    deadline = time.monotonic() + RECONNECT_SECONDS
+    while True:
         try:
             with _lock:
                 _conn().execute(
@@ -44,11 +53,10 @@ def write(
                 )
             return
         except psycopg.OperationalError:
-            # The server restarted under us (a fault-injection test): reconnect once more.
-            global _connection  # noqa: PLW0603
             _connection = None
-            if attempt_number == 2:
+            if time.monotonic() > deadline:
                 raise
+            time.sleep(0.1)
 
 
 def entries(conn: psycopg.Connection[Any], job_id: int | None = None) -> list[dict[str, Any]]:

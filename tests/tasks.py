@@ -432,3 +432,85 @@ def ledger_plain_step(context: Any, before: float = 1.0, after: float = 2.0) -> 
         _ledger(context, "cancelled")
     _ledger(context, "return")
     return context.attempt
+
+
+# ---------------------------------------------------------------- soak tasks (test_soak_faults)
+# Each records "start" and how it left ("end": returned and its result is storable, "fail":
+# about to raise, "late-end": returned after its worker gave up on it, "end-unstorable":
+# returned a value the database refuses) in the ledger, labelled with its kind.
+def _soak_result(context: Any) -> dict[str, Any]:
+    return {"attempt": context.attempt, "generation": context.lease_generation}
+
+
+@task(takes_context=True, max_attempts=5)
+def soak_plain(
+    context: Any, kind: str = "plain", seconds: float = 0.0, fail_first: bool = False
+) -> dict[str, Any]:
+    """A short job; with ``fail_first`` it raises on its first attempt."""
+    import time
+
+    _ledger(context, "start", kind)
+    if seconds:
+        time.sleep(seconds)
+    if fail_first and context.attempt == 1:
+        _ledger(context, "fail", kind)
+        raise RuntimeError(f"{kind}: planned failure of attempt 1")
+    _ledger(context, "end", kind)
+    return _soak_result(context)
+
+
+@task(takes_context=True, timeout=0.5, max_attempts=5)
+def soak_overrun(context: Any, seconds: float = 1.2) -> dict[str, Any]:
+    """Overrun the 0.5 s timeout on the first attempt, in a sleep nothing can interrupt."""
+    import time
+
+    _ledger(context, "start", "overrun")
+    if context.attempt == 1:
+        time.sleep(seconds)
+        _ledger(context, "late-end" if context.cancelled else "end", "overrun")
+        return _soak_result(context)
+    _ledger(context, "end", "overrun")
+    return _soak_result(context)
+
+
+@task(takes_context=True, atomic=True, max_attempts=5)
+def soak_atomic(context: Any, hold: float = 1.0) -> dict[str, Any]:
+    """Record steps and a domain row in the job's transaction, and hold it open a while."""
+    import time
+
+    from django.db import transaction
+
+    from tests import ledger
+    from tests.models import Order
+
+    _ledger(context, "start", "atomic")
+    context.set_step(f"attempt {context.attempt} started")
+    Order.objects.create(job_id=context.job_id, note=f"attempt {context.attempt}")
+    time.sleep(hold)
+    context.set_step(f"attempt {context.attempt} written")
+    job_id, attempt, generation = context.job_id, context.attempt, context.lease_generation
+    transaction.on_commit(
+        lambda: ledger.write(
+            job_id, "commit", attempt=attempt, lease_generation=generation, label="atomic"
+        )
+    )
+    _ledger(context, "end", "atomic")
+    return _soak_result(context)
+
+
+@task(takes_context=True, max_attempts=3)
+def soak_poison(context: Any, how: str) -> Any:
+    """Fail with, or return, text the database refuses (NUL, lone surrogates)."""
+    kind = f"poison-{how}"
+    _ledger(context, "start", kind)
+    if how == "nul-message":
+        _ledger(context, "fail", kind)
+        raise ValueError("poison message with a NUL \x00 inside")
+    if how == "surrogate-message":
+        _ledger(context, "fail", kind)
+        raise ValueError("poison message with a lone surrogate \ud800 inside")
+    if how == "surrogate-result":
+        _ledger(context, "end-unstorable", kind)
+        return {"text": "a lone surrogate \udc00 in a result"}
+    _ledger(context, "end-unstorable", kind)
+    return {"text": "a NUL \x00 in a result"}

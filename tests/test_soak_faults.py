@@ -1,0 +1,227 @@
+"""Fault-injection soak: a mixed workload over several workers while the test hurts them.
+
+Thousands of jobs — short plain jobs, partitioned and not, mixed priorities; jobs that fail
+their first attempt; sync jobs that overrun their timeout in a sleep nothing can stop;
+atomic jobs that record steps and hold their transaction open for up to longer than a
+lease (issue 19's shape); poison jobs whose messages or results hold NUL or lone
+surrogates — run on two standalone workers and a ``--processes 2`` supervisor, while the
+test pauses worker processes (SIGSTOP/SIGCONT, sometimes longer than a lease), kills them
+(SIGKILL), terminates their connections (``pg_terminate_backend``) and restarts the suite's
+own embedded PostgreSQL once. The tasks write an execution ledger; at the end
+:mod:`tests.invariants` checks it against the job rows and the record of the faults.
+
+It also samples ``pg_stat_activity`` for worker connections waiting on a lock and prints the
+longest wait per connection kind.
+
+Deterministic where it can be: the workload and the fault schedule come from one seed,
+printed at the start (``PGQUEUE_SOAK_SEED=<seed>`` replays them; the interleaving of
+processes of course differs). ``PGQUEUE_SOAK_JOBS`` changes the job count. With
+``DATABASE_URL`` set the server restart is skipped: only the suite's own embedded server is
+ever restarted. ``PGQUEUE_SOAK_REPORT=<file>`` writes every violation with its ledger lines
+there (the failure message shows the first few of each invariant).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections import Counter
+
+import pytest
+from django.db import connections
+
+from django_pgqueue.manager import JobSpec, PsycopgRunner, QueueStore
+from tests import invariants
+from tests.database import embedded_server
+from tests.faults import Database, LockWaitSampler, WorkerFleet
+
+pytestmark = [pytest.mark.soak, pytest.mark.timeout(480)]
+
+JOBS = int(os.environ.get("PGQUEUE_SOAK_JOBS", "3000"))
+PARTITIONS = 40
+LEASE_SECONDS = 2.0
+# Faults stop after this long (or once nearly every job is done); the workers then get
+# until DRAIN_SECONDS after the start to finish everything.
+FAULT_SECONDS = 100.0
+DRAIN_SECONDS = 200.0
+# Once the faults ended, a soak in which no job finishes for this long is stuck: report.
+STALL_SECONDS = 30.0
+WORKER_ARGS = (
+    "--queue",
+    "default",
+    "--queue",
+    "emails",
+    "--lease-seconds",
+    str(LEASE_SECONDS),
+    "--poll-interval",
+    "0.2",
+    "--concurrency",
+    "4",
+    "--prefetch",
+    "2",
+    "--grace-seconds",
+    "5",
+)
+WORKER_SETTINGS = {
+    "HOUSEKEEPING_INTERVAL_SECONDS": 0.3,
+    "WORKER_TIMEOUT_SECONDS": 4.0,
+    "RETRY_BASE_SECONDS": 0.05,
+    "RETRY_MAX_SECONDS": 0.5,
+    "RETRY_JITTER": 0,
+}
+POISON = ("nul-message", "surrogate-message", "surrogate-result", "nul-result")
+
+
+def workload(rng: random.Random) -> list[tuple[str, JobSpec]]:
+    """Return (kind, spec) of every job of the soak."""
+    jobs = []
+    for _ in range(JOBS):
+        queue = rng.choice(("default", "emails"))
+        priority = rng.choice((-10, 0, 0, 10))
+        partition = f"p{rng.randrange(PARTITIONS)}" if rng.random() < 0.4 else None
+        roll = rng.random()
+        max_attempts = 5
+        if roll < 0.81:
+            kind, task, kwargs = (
+                "plain",
+                "soak_plain",
+                {"seconds": rng.choice((0, 0, 0.005, 0.02))},
+            )
+        elif roll < 0.91:
+            kind, task, kwargs = "flaky", "soak_plain", {"kind": "flaky", "fail_first": True}
+        elif roll < 0.945:
+            kind, task, kwargs = "overrun", "soak_overrun", {"seconds": 1.2}
+        elif roll < 0.975:
+            kind, task = "atomic", "soak_atomic"
+            kwargs = {"hold": round(rng.uniform(0.3, 2.6), 2)}
+        elif roll < 0.98:
+            how = rng.choice(POISON)
+            kind, task, kwargs = f"poison-{how}", "soak_poison", {"how": how}
+            max_attempts = 3
+        else:
+            kind, task, kwargs = "plain", "soak_plain", {}
+        jobs.append(
+            (
+                kind,
+                JobSpec(
+                    f"tests.tasks.{task}",
+                    queue=queue,
+                    priority=priority,
+                    kwargs=kwargs,
+                    partition_key=partition,
+                    max_attempts=max_attempts,
+                ),
+            )
+        )
+    return jobs
+
+
+def test_execution_safety_under_injected_faults(db_url):
+    seed = int(os.environ.get("PGQUEUE_SOAK_SEED") or random.SystemRandom().randrange(1_000_000))
+    print(f"\nsoak seed {seed} (PGQUEUE_SOAK_SEED={seed} replays workload and fault schedule)")
+    rng = random.Random(seed)
+    restart_server = not os.environ.get("DATABASE_URL")
+    if not restart_server:
+        print(
+            "soak: DATABASE_URL is set, so the PostgreSQL restart is skipped "
+            "(only the suite's own embedded server is ever restarted)"
+        )
+    db = Database(db_url)
+    jobs = workload(rng)
+    kinds = Counter(kind for kind, _ in jobs)
+    print(f"soak: {len(jobs)} jobs: {dict(sorted(kinds.items()))}")
+    kind_of: dict[int, str] = {}
+
+    def enqueue(chunk: list[tuple[str, JobSpec]]) -> None:
+        store = QueueStore(PsycopgRunner(db.conn, "default"))
+        for (kind, _), outcome in zip(
+            chunk, store.enqueue_many(spec for _, spec in chunk), strict=True
+        ):
+            kind_of[outcome.id] = kind
+
+    # Two thirds at once; the rest arrives while the workers run (wake-ups, fresh heads).
+    later = [jobs[len(jobs) * 2 // 3 :][i::2] for i in range(2)]
+    enqueue(jobs[: len(jobs) * 2 // 3])
+
+    fleet = WorkerFleet(db_url, WORKER_ARGS, WORKER_SETTINGS, standalone=2, supervised=2)
+    sampler = LockWaitSampler(db_url)
+    started = time.monotonic()
+    fleet.start()
+    sampler.start()
+    restarted = not restart_server
+    next_fault = started + rng.uniform(1.0, 2.0)
+    finished = 0
+    progress = (0, started)
+    try:
+        while time.monotonic() - started < DRAIN_SECONDS:
+            time.sleep(0.1)
+            fleet.tick()
+            elapsed = time.monotonic() - started
+            if later and elapsed > 4 * (3 - len(later)):
+                enqueue(later.pop(0))
+            finished = db.execute(
+                "SELECT count(*) FROM django_pgqueue_job "
+                "WHERE status IN ('succeeded', 'dead_letter', 'cancelled')"
+            )[0][0]
+            if finished == len(jobs) and not later:
+                break
+            if finished != progress[0]:
+                progress = (finished, time.monotonic())
+            faults_on = elapsed < FAULT_SECONDS
+            if not faults_on and time.monotonic() - progress[1] > STALL_SECONDS:
+                print(f"soak: no job finished for {STALL_SECONDS:.0f}s after the faults ended")
+                break
+            if not faults_on or time.monotonic() < next_fault:
+                continue
+            next_fault = time.monotonic() + rng.uniform(0.8, 2.5)
+            pids = fleet.leaves()
+            if not pids:
+                continue
+            victim = rng.choice(sorted(pids))
+            if not restarted and finished >= len(jobs) * 0.3:
+                restarted = True
+                mode = rng.choice(("fast", "immediate"))
+                fleet.server_fault(
+                    f"PostgreSQL restart ({mode})",
+                    lambda mode=mode: embedded_server().restart(mode),
+                )
+                connections.close_all()  # Django's own connections in this process broke
+                continue
+            roll = rng.random()
+            if roll < 0.45:
+                long_pause = rng.random() < 0.4
+                seconds = rng.uniform(2.5, 5.0) if long_pause else rng.uniform(0.2, 1.5)
+                fleet.pause(victim, seconds)
+            elif roll < 0.7:
+                fleet.terminate_connections(victim, db)
+            else:
+                fleet.kill(victim)
+        fleet.resume_all()
+    finally:
+        fleet.stop()
+        sampler.stop()
+    took = time.monotonic() - started
+    evidence = invariants.load_evidence(db.conn, sorted(kind_of))
+    report = invariants.check(
+        evidence, faults=fleet.faults, exits=fleet.exits, lease_seconds=LEASE_SECONDS
+    )
+    statuses = Counter(job["status"] for job in evidence.jobs.values())
+    by_kind: dict[str, Counter[str]] = {}
+    for job_id, job in evidence.jobs.items():
+        by_kind.setdefault(kind_of[job_id], Counter())[job["status"]] += 1
+    print(f"soak: ran {took:.1f}s; {finished}/{len(jobs)} jobs terminal; statuses {dict(statuses)}")
+    for kind, counts in sorted(by_kind.items()):
+        print(f"  {kind}: {dict(counts)}")
+    print(f"soak: faults injected: {dict(sorted(fleet.counts.items()))}")
+    crashed = Counter(exit_.code for exit_ in fleet.exits if not exit_.injected)
+    print(f"soak: worker processes that exited on their own, by exit code: {dict(crashed)}")
+    print(sampler.summary())
+    print(report.summary())
+    db.close()
+    report_path = os.environ.get("PGQUEUE_SOAK_REPORT")
+    if report_path:
+        with open(report_path, "w") as report_file:
+            report_file.write(f"seed {seed}\n{report.summary()}\n\n{report.details()}\n")
+        print(f"soak: every violation with its ledger lines written to {report_path}")
+    report.assert_ok()
