@@ -484,10 +484,16 @@ def soak_atomic(context: Any, hold: float = 1.0) -> dict[str, Any]:
     from tests.models import Order
 
     _ledger(context, "start", "atomic")
-    context.set_step(f"attempt {context.attempt} started")
-    Order.objects.create(job_id=context.job_id, note=f"attempt {context.attempt}")
-    time.sleep(hold)
-    context.set_step(f"attempt {context.attempt} written")
+    try:
+        context.set_step(f"attempt {context.attempt} started")
+        Order.objects.create(job_id=context.job_id, note=f"attempt {context.attempt}")
+        time.sleep(hold)
+        context.set_step(f"attempt {context.attempt} written")
+    except BaseException:
+        # Its transaction's connection was cut (a terminated backend, a server restart)
+        # or its lease was lost: the execution ends by raising.
+        _ledger(context, "fail", "atomic")
+        raise
     job_id, attempt, generation = context.job_id, context.attempt, context.lease_generation
     transaction.on_commit(
         lambda: ledger.write(

@@ -23,11 +23,13 @@ there (the failure message shows the first few of each invariant).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import time
 from collections import Counter
 
+import psycopg
 import pytest
 from django.db import connections
 
@@ -129,20 +131,38 @@ def test_execution_safety_under_injected_faults(db_url):
         )
     db = Database(db_url)
     jobs = workload(rng)
+    numbered = list(enumerate(jobs))
     kinds = Counter(kind for kind, _ in jobs)
     print(f"soak: {len(jobs)} jobs: {dict(sorted(kinds.items()))}")
     kind_of: dict[int, str] = {}
 
-    def enqueue(chunk: list[tuple[str, JobSpec]]) -> None:
-        store = QueueStore(PsycopgRunner(db.conn, "default"))
-        for (kind, _), outcome in zip(
-            chunk, store.enqueue_many(spec for _, spec in chunk), strict=True
-        ):
+    run_token = time.time_ns()
+
+    def enqueue(chunk: list[tuple[int, tuple[str, JobSpec]]]) -> None:
+        # Late chunks arrive while faults land: a connection cut mid-statement leaves the
+        # producer not knowing whether it committed, so it retries with idempotency keys
+        # (as a producer should), which return the jobs already there.
+        keyed = [
+            (kind, dataclasses.replace(spec, idempotency_key=f"soak:{run_token}:{index}"))
+            for index, (kind, spec) in chunk
+        ]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                store = QueueStore(PsycopgRunner(db.conn, "default"))
+                outcomes = store.enqueue_many(spec for _, spec in keyed)
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                db.close()
+                time.sleep(0.2)
+        for (kind, _), outcome in zip(keyed, outcomes, strict=True):
             kind_of[outcome.id] = kind
 
     # Two thirds at once; the rest arrives while the workers run (wake-ups, fresh heads).
-    later = [jobs[len(jobs) * 2 // 3 :][i::2] for i in range(2)]
-    enqueue(jobs[: len(jobs) * 2 // 3])
+    later = [numbered[len(jobs) * 2 // 3 :][i::2] for i in range(2)]
+    enqueue(numbered[: len(jobs) * 2 // 3])
 
     fleet = WorkerFleet(db_url, WORKER_ARGS, WORKER_SETTINGS, standalone=2, supervised=2)
     sampler = LockWaitSampler(db_url)

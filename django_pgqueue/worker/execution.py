@@ -126,6 +126,16 @@ class InFlight:
     busy: bool = True
     #: An atomic task's transaction committed its completion: the attempt is over.
     committed: bool = False
+    #: Until when (time.monotonic) the lease is surely held: a moment taken before the
+    #: claim (or the last extension) was sent, plus the lease length. Local clock only.
+    lease_valid_until: float = float("inf")
+
+    def lease_may_have_expired(self) -> bool:
+        """Return whether the lease may have run out (the process was paused, say).
+
+        A handler is not started then: the job may already run elsewhere.
+        """
+        return time.monotonic() >= self.lease_valid_until
 
     @property
     def key(self) -> tuple[int, int]:

@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,6 +73,7 @@ class Heartbeat(threading.Thread):
         vnodes: int,
         held_leases: Callable[[], list[Lease]],
         on_leases_lost: Callable[[list[Lease]], None],
+        on_leases_extended: Callable[[frozenset[tuple[int, int]], float], None],
         take_counts: Callable[[], list[QueueCounts]],
         set_masks: Callable[[tuple[str | None, ...]], None],
         status: Callable[[], str],
@@ -90,6 +92,7 @@ class Heartbeat(threading.Thread):
         self._vnodes = vnodes
         self._held_leases = held_leases
         self._on_leases_lost = on_leases_lost
+        self._on_leases_extended = on_leases_extended
         self._take_counts = take_counts
         self._set_masks = set_masks
         self._status = status
@@ -135,11 +138,13 @@ class Heartbeat(threading.Thread):
         """Run one beat (public for tests)."""
         leases = self._held_leases()
         if leases:
+            sent_at = time.monotonic()
             extension = self._slot.run(
                 lambda store: store.extend_leases_if_leased(
                     self._worker_id, leases, self._lease_seconds
                 )
             )
+            self._on_leases_extended(extension.held, sent_at)
             kept = extension.held | extension.busy
             lost = [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
             if lost:

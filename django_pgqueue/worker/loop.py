@@ -69,6 +69,7 @@ class Worker:
         self._hungry: dict[str, bool] = {}
         # Jobs whose unknown task was already reported (a WARNING once per job per worker).
         self._unknown_reported: dict[int, None] = {}
+        self._claim_sent_at = time.monotonic()
         self._retry_policy = RetryPolicy.from_settings()
         self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
         self._control = ConnectionSlot(options.database, f"pgqueue heartbeat {self.id}")
@@ -197,6 +198,7 @@ class Worker:
             vnodes=conf.PARTITION_VNODES,
             held_leases=self._held_leases,
             on_leases_lost=self._leases_lost,
+            on_leases_extended=self._leases_extended,
             take_counts=self._take_counts,
             set_masks=self._set_masks,
             status=lambda: str(self.status),
@@ -270,6 +272,8 @@ class Worker:
         whether claiming again at once is worthwhile (a queue filled its share, or the
         claim stopped at its total while jobs may remain)."""
         queues, masks, limits = self._shares(limit)
+        # Taken before the claim is sent: the database's lease starts no earlier.
+        self._claim_sent_at = time.monotonic()
         round_ = self._slot.run(
             lambda store: store.claim_round(
                 self.id,
@@ -333,7 +337,9 @@ class Worker:
                 self._flights[flight.key] = flight
             self._deliver(self._unknown_task_outcome(flight, error))
             return
-        flight = InFlight(job, entry)
+        flight = InFlight(
+            job, entry, lease_valid_until=self._claim_sent_at + self.options.lease_seconds
+        )
         with self._flights_lock:
             self._flights[flight.key] = flight
         if job_logger.isEnabledFor(logging.INFO):
@@ -644,6 +650,14 @@ class Worker:
                 for flight in self._flights.values()
                 if flight.overdue and flight.busy and not flight.abandoned
             )
+
+    def _leases_extended(self, held: frozenset[tuple[int, int]], sent_at: float) -> None:
+        until = sent_at + self.options.lease_seconds
+        with self._flights_lock:
+            for key in held:
+                flight = self._flights.get(key)
+                if flight is not None:
+                    flight.lease_valid_until = until
 
     def _leases_lost(self, leases: list[Lease]) -> None:
         with self._flights_lock:

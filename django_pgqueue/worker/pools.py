@@ -20,6 +20,23 @@ logger = logging.getLogger("django_pgqueue.worker")
 Sink = Callable[[Outcome], None]
 
 
+def _expired_before_start(flight: InFlight) -> Outcome:
+    """Give back a job whose lease may have run out while it waited to start.
+
+    The process was paused or starved for longer than a lease: another worker may hold
+    the job by now. The release is fenced (it applies only if the lease is still this
+    one) and refunds the attempt, which never started.
+    """
+    logger.warning(
+        "job %s: not started, its lease may have expired while it waited (the process "
+        "was paused or starved); giving it back",
+        flight.job.id,
+    )
+    return Outcome(
+        flight, OutcomeKind.RELEASE, reason="its lease may have expired before it started"
+    )
+
+
 class ThreadPool:
     """``size`` threads taking jobs from one queue; each outcome goes to ``sink``.
 
@@ -58,6 +75,9 @@ class ThreadPool:
             while (flight := self._queue.get()) is not None:
                 if flight.abandoned:
                     self._sink(Outcome(flight, OutcomeKind.LOST))
+                    continue
+                if flight.lease_may_have_expired():
+                    self._sink(_expired_before_start(flight))
                     continue
                 try:
                     outcome = self._run(flight)
@@ -136,6 +156,8 @@ class AsyncRunner:
         try:
             if flight.abandoned:
                 outcome = Outcome(flight, OutcomeKind.LOST)
+            elif flight.lease_may_have_expired():
+                outcome = _expired_before_start(flight)
             else:
                 outcome = await self._run(flight)
         except asyncio.CancelledError:
