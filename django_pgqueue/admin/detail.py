@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
+from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
@@ -103,11 +104,28 @@ def render_job_detail(
         "changelist_url": changelist,
         "history_url": _history_url(model_admin, request, job),
         "return_to_field": RETURN_TO,
-        "return_to": request.get_full_path(),
+        "return_to": _return_to(model_admin, request, job),
         **_partition(job),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/job_detail.html", context)
+
+
+def _return_to(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> str:
+    # After an action the job may have left this page's listing (a retried dead letter
+    # is pending): its page in the inbox always shows it, so the action's report is the
+    # only message. Without the permission to see it there, the listing it came from.
+    if model_admin.model is Job:
+        return request.get_full_path()
+    site = model_admin.admin_site.name
+    try:
+        inbox = model_admin.admin_site.get_model_admin(Job)
+    except NotRegistered:
+        inbox = None
+    if inbox is not None and inbox.has_view_permission(request):
+        return reverse(f"admin:{Job._meta.app_label}_job_change", args=[job.pk], current_app=site)
+    opts = model_admin.opts
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist", current_app=site)
 
 
 def _history_url(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> str:
