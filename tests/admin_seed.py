@@ -201,13 +201,16 @@ SELECT recent.queue, recent.task_path, jsonb_build_array(g), '{}', 0, recent.sta
          THEN recent.created_at + interval '900 ms' END,
     CASE WHEN recent.failed THEN recent.error_message END,
     CASE WHEN recent.failed THEN recent.error_class END,
-    CASE WHEN recent.failed THEN jsonb_build_array(jsonb_build_object(
-        'attempt', recent.attempts, 'exception_class', recent.error_class,
-        'message', recent.error_message, 'worker', 'web-1:1000',
-        'traceback', 'Traceback (most recent call last):' || E'\\n' || recent.error_class
-            || ': ' || recent.error_message,
-        'at', recent.created_at + interval '900 ms'))
-    ELSE '[]'::jsonb END,
+    CASE WHEN recent.failed THEN (
+        SELECT jsonb_agg(jsonb_build_object(
+            'attempt', attempt, 'exception_class', recent.error_class,
+            'message', recent.error_message, 'worker', 'web-1:' || (1000 + attempt %% 2),
+            'traceback', 'Traceback (most recent call last):' || E'\\n'
+                || '  File "' || replace(recent.task_path, '.', '/') || '.py", line 42, in run'
+                || E'\\n' || recent.error_class || ': ' || recent.error_message,
+            'at', recent.created_at + attempt * interval '150 ms'))
+        FROM generate_series(1, recent.attempts) AS attempt
+    ) ELSE '[]'::jsonb END,
     CASE WHEN recent.status = 'succeeded' THEN jsonb_build_object('ok', true) END
 FROM generate_series(1, %(rows)s) AS g
 CROSS JOIN LATERAL (

@@ -133,12 +133,18 @@ class BaseJobAdmin(_ModelAdmin):
     # task and error to the width left, and the tooltips hold the whole text.
     @admin.display(description=_("task"))
     def task(self, job: Job) -> SafeString:
-        """Show the task path, linked to the listing of that task's jobs."""
+        """Show the task path, linked to the listing of that task's jobs.
+
+        Where the column is narrow, the module is cut short and the function's name stays.
+        """
+        module, dot, name = job.task_path.rpartition(".")
         return format_html(
-            '<a href="?{}" title="{}">{}</a>',
+            '<a class="pgq-task" href="?{}" title="{}"><span class="pgq-task-module">{}</span>'
+            '<span class="pgq-task-name">{}</span></a>',
             urlencode({"task": job.task_path}),
             job.task_path,
-            job.task_path,
+            module + dot,
+            name,
         )
 
     @admin.display(description=_("queue"))

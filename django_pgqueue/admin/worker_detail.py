@@ -111,7 +111,9 @@ def render_worker_detail(
     metadata = dict(worker.metadata or {})
     owned = metadata.pop("owned_buckets", None)
     buckets = (
-        [(str(queue), count) for queue, count in owned.items()] if isinstance(owned, dict) else []
+        sorted((str(queue), count) for queue, count in owned.items())
+        if isinstance(owned, dict)
+        else []
     )
     context = {
         **model_admin.admin_site.each_context(request),

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
@@ -109,8 +109,13 @@ class WorkerAdmin(_ModelAdmin):
         owned = (worker.metadata or {}).get("owned_buckets") or {}
         if not isinstance(owned, dict):
             return SafeString("")
-        return format_html_join(
-            ", ", "{}: {}/{}", ((queue, count, BUCKET_COUNT) for queue, count in owned.items())
+        return format_html(
+            "<span>{}</span>",
+            format_html_join(
+                ", ",
+                "{}: {}/{}",
+                ((queue, count, BUCKET_COUNT) for queue, count in sorted(owned.items())),
+            ),
         )
 
     @admin.display(description=_("started"), ordering="started_at")
