@@ -191,14 +191,18 @@ INSERT INTO django_pgqueue_job (
 SELECT recent.queue, recent.task_path, jsonb_build_array(g), '{}', 0, recent.status,
     recent.attempts, 5, recent.attempts,
     CASE WHEN recent.attempts > 0 THEN 'web-1:' || (1000 + g %% 2) END,
-    CASE WHEN recent.attempts > 0 THEN recent.created_at + interval '40 ms' END,
+    CASE WHEN recent.status = 'dead_letter'
+         THEN recent.created_at + (recent.attempts - 1) * interval '40 seconds'
+         WHEN recent.attempts > 0 THEN recent.created_at + interval '40 ms' END,
     CASE WHEN recent.status = 'processing' THEN now() + interval '25 seconds' END,
     CASE WHEN recent.retrying THEN now() + (g %% 7 + 1) * interval '20 seconds'
          ELSE recent.created_at END,
     recent.created_at,
     CASE WHEN recent.attempts > 0 THEN recent.created_at + interval '40 ms' END,
-    CASE WHEN recent.status IN ('succeeded', 'dead_letter')
-         THEN recent.created_at + interval '900 ms' END,
+    CASE WHEN recent.status = 'succeeded' THEN recent.created_at + interval '900 ms'
+         WHEN recent.status = 'dead_letter'
+         THEN recent.created_at + (recent.attempts - 1) * interval '40 seconds'
+             + interval '1900 ms' END,
     CASE WHEN recent.failed THEN recent.error_message END,
     CASE WHEN recent.failed THEN recent.error_class END,
     CASE WHEN recent.failed THEN (
@@ -208,7 +212,8 @@ SELECT recent.queue, recent.task_path, jsonb_build_array(g), '{}', 0, recent.sta
             'traceback', 'Traceback (most recent call last):' || E'\\n'
                 || '  File "' || replace(recent.task_path, '.', '/') || '.py", line 42, in run'
                 || E'\\n' || recent.error_class || ': ' || recent.error_message,
-            'at', recent.created_at + attempt * interval '150 ms'))
+            'at', recent.created_at + (attempt - 1) * interval '40 seconds'
+                + interval '1 second'))
         FROM generate_series(1, recent.attempts) AS attempt
     ) ELSE '[]'::jsonb END,
     CASE WHEN recent.status = 'succeeded' THEN jsonb_build_object('ok', true) END
@@ -218,7 +223,10 @@ CROSS JOIN LATERAL (
         status = 'dead_letter' OR retrying AS failed,
         CASE WHEN status = 'pending' AND NOT retrying THEN 0
              WHEN status = 'dead_letter' THEN 5
-             ELSE 1 + g %% 2 END AS attempts
+             ELSE 1 + g %% 2 END AS attempts,
+        -- A dead letter was enqueued before its five attempts, 40 seconds apart.
+        base_at - CASE WHEN status = 'dead_letter' THEN interval '3 minutes'
+                       ELSE interval '0' END AS created_at
     FROM (
         SELECT
             (ARRAY['default', 'emails', 'default', 'high', 'reports'])[g %% 5 + 1] AS queue,
@@ -232,7 +240,7 @@ CROSS JOIN LATERAL (
                  ELSE 'succeeded' END AS status,
             g %% 11 = 0 AND g %% 13 <> 0 AS retrying,
             now() - (%(rows)s - g) * (%(minutes)s * interval '1 minute' / %(rows)s)
-                - interval '2 seconds' AS created_at,
+                - interval '2 seconds' AS base_at,
             (ARRAY['requests.exceptions.ReadTimeout', 'billing.errors.CardDeclined',
                    'ValueError'])[g %% 3 + 1] AS error_class,
             (ARRAY['HTTPSConnectionPool(host=''api.example.com'', port=443): Read timed out. '
