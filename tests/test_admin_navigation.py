@@ -7,7 +7,16 @@ import re
 
 import pytest
 
-from tests.admin_fixtures import CHANGE, VIEW, dead_letter, login, make_user, messages_of, url
+from tests.admin_fixtures import (
+    CHANGE,
+    VIEW,
+    dead_letter,
+    login,
+    make_user,
+    messages_of,
+    store,
+    url,
+)
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db]
 
@@ -95,3 +104,25 @@ def test_retry_from_a_dead_letters_own_page_reports_one_outcome(client, permissi
         assert "Pending" in response.text
     else:  # the job's page in the inbox is not theirs to see: the dead letters are
         assert response.redirect_chain[-1][0] == url("django_pgqueue_deadletter_changelist")
+
+
+def test_a_dead_letter_retried_elsewhere_leads_to_its_page_in_the_inbox(client):
+    login(client, superuser=True)
+    job = dead_letter()
+    assert store().retry([job.pk]).done == (job.pk,)  # in another tab, say
+    response = client.get(url("django_pgqueue_deadletter_change", job.pk), follow=True)
+    assert response.redirect_chain[-1][0] == url("django_pgqueue_job_change", job.pk)
+    assert messages_of(response) == [
+        f"Job #{job.pk} is no longer a dead letter; here it is among all jobs."
+    ]
+
+
+def test_a_discarded_job_leads_back_to_the_listing(client):
+    login(client, superuser=True)
+    job = dead_letter()
+    assert store().discard([job.pk]).done == (job.pk,)
+    response = client.get(url("django_pgqueue_deadletter_change", job.pk), follow=True)
+    assert response.redirect_chain[-1][0] == url("django_pgqueue_deadletter_changelist")
+    assert messages_of(response) == [
+        f"Job #{job.pk} is not here: it may have been discarded or retried."
+    ]
