@@ -114,6 +114,12 @@ def test_a_retrying_job_shows_its_attempts_and_last_error(client):
     store().fail_if_leased(claim(job).lease, Failure("ValueError", long_message, "tb"))
     row = row_cells(client.get(url(INBOX)))[job.pk]
     assert text_of(row["error"]) == "ValueError " + "x" * ERROR_EXCERPT
+    # Succeeding in the end leaves the error on the job's page, not in the listing.
+    store().run_now([job.pk])
+    store().complete_if_leased(claim(job).lease, "null")
+    row = row_cells(client.get(url(INBOX)))[job.pk]
+    assert text_of(row["status_display"]) == "Succeeded"
+    assert row["error"] == ""
 
 
 def test_no_error_is_an_empty_cell(client, jobs):

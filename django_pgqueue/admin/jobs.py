@@ -1,9 +1,9 @@
 """The inbox: every job, filterable and searchable, with its read-only detail page.
 
-Jobs are never edited or
-deleted through the ORM here: the change view is a read-only page, Django's delete views
-are closed (``has_delete_permission`` is False), and every change is an action that goes
-through the queue manager. The model's delete permission allows the "discard" action.
+Jobs are never edited or deleted through the ORM here: the change view is a read-only
+page, Django's delete views are closed (``has_delete_permission`` is False), and every
+change is an action that goes through the queue manager. The model's delete permission
+allows the "discard" action.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ class BaseJobAdmin(_ModelAdmin):
     search_fields = ("=id",)  # shows the search box; get_search_results does the work
     search_help_text = _("An exact job id, idempotency key or partition key.")
     change_list_template = "django_pgqueue/admin/job_changelist.html"
-    #: Columns the listing never shows and that can be large.
     #: Columns the listing never shows and that can be large (of the last error, the
     #: listing reads only its start: see get_queryset).
     list_deferred_fields: tuple[str, ...] = ("args", "kwargs", "errors", "result", "last_error")
@@ -191,11 +190,12 @@ class BaseJobAdmin(_ModelAdmin):
         """Show the class and the start of the last error (the job's page has them all).
 
         The class goes without its module ("ReadTimeout"), leaving the width to the
-        message; the tooltip has both in full.
+        message; the tooltip has both in full. A job that succeeded in the end shows
+        none: its failed attempts are on its page.
         """
         excerpt: str = getattr(job, "error_excerpt", None) or ""  # see get_queryset
         error_class = job.last_error_class or ""
-        if not error_class and not excerpt:
+        if job.status == JobStatus.SUCCEEDED or not (error_class or excerpt):
             return SafeString("")
         return format_html(
             '<span title="{}: {}"><span class="pgq-error-class">{}</span> {}</span>',
