@@ -63,7 +63,7 @@ lint: venv
 
 .PHONY: screenshots
 screenshots: venv browser
-	PGQUEUE_SCREENSHOTS=docs/_static/admin $(BIN)/python -m pytest tests/test_admin_browser.py
+	PGQUEUE_TEST_SCREENSHOTS=docs/_static/admin $(BIN)/python -m pytest tests/test_admin_browser.py
 
 .PHONY: docs
 docs: venv

@@ -23,7 +23,7 @@ from .manager import JobManager
 from .partition import BUCKET_COUNT
 from .states import TERMINAL_STATUSES, JobStatus, WorkerStatus
 
-__all__ = ["DeadLetter", "Job", "Partition", "PartitionSignal", "QueueStat", "Worker"]
+__all__ = ["DeadLetter", "Job", "Lag", "Partition", "PartitionSignal", "QueueStat", "Worker"]
 
 
 class BrinIndex(models.Index):
@@ -281,6 +281,15 @@ class DeadLetter(Job):
         proxy = True
         verbose_name = _("dead letter")
         verbose_name_plural = _("dead letters")
+
+
+class Lag(Job):
+    """The lag page's entry in the admin index and sidebar (a proxy: no table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("queue lag")
+        verbose_name_plural = _("queue lag")
 
 
 class Partition(models.Model):

@@ -170,3 +170,22 @@ def row_ids(response: Any) -> list[int]:
 def statuses(ids: Sequence[int]) -> dict[int, str]:
     """Return the current status of each job (missing ones are absent)."""
     return dict(Job.objects.filter(pk__in=ids).values_list("pk", "status"))
+
+
+def row_cells(response: Any) -> dict[Any, dict[str, str]]:
+    """Return the cells of each listed row, as HTML by column name, by job (or worker) id."""
+    rows: dict[Any, dict[str, str]] = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", response.text, flags=re.DOTALL):
+        cells = dict(
+            re.findall(r'<t[hd] class="field-(\w+)[^"]*">(.*?)</t[hd]>', row, flags=re.DOTALL)
+        )
+        if "id" in cells:
+            row_id = text_of(cells["id"])
+            rows[int(row_id) if row_id.isdigit() else row_id] = cells
+    return rows
+
+
+def text_of(html: str) -> str:
+    """Return the text of an HTML fragment, tags removed and spaces collapsed."""
+    blocks = re.sub(r"</?(?:br|d[dlt]|div|h\d|li|ol|p|section|t[dhr]|ul)\b[^>]*>", " ", html)
+    return " ".join(re.sub(r"<[^>]+>", "", blocks).split())

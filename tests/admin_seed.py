@@ -182,6 +182,90 @@ CROSS JOIN generate_series(0, 59) AS minute
 """
 
 
+RECENT = """
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, claimed_by, claimed_at, lease_expires_at, available_at, created_at,
+    started_at, finished_at, last_error, last_error_class, errors, result
+)
+SELECT recent.queue, recent.task_path, jsonb_build_array(g), '{}', 0, recent.status,
+    recent.attempts, 5, recent.attempts,
+    CASE WHEN recent.attempts > 0 THEN 'web-1:' || (1000 + g %% 2) END,
+    CASE WHEN recent.status = 'dead_letter'
+         THEN recent.created_at + (recent.attempts - 1) * interval '40 seconds'
+         WHEN recent.attempts > 0 THEN recent.created_at + interval '40 ms' END,
+    CASE WHEN recent.status = 'processing' THEN now() + interval '25 seconds' END,
+    CASE WHEN recent.retrying THEN now() + (g %% 7 + 1) * interval '20 seconds'
+         ELSE recent.created_at END,
+    recent.created_at,
+    CASE WHEN recent.attempts > 0 THEN recent.created_at + interval '40 ms' END,
+    CASE WHEN recent.status = 'succeeded' THEN recent.created_at + interval '900 ms'
+         WHEN recent.status = 'dead_letter'
+         THEN recent.created_at + (recent.attempts - 1) * interval '40 seconds'
+             + interval '1900 ms' END,
+    CASE WHEN recent.failed THEN recent.error_message END,
+    CASE WHEN recent.failed THEN recent.error_class END,
+    CASE WHEN recent.failed THEN (
+        SELECT jsonb_agg(jsonb_build_object(
+            'attempt', attempt, 'exception_class', recent.error_class,
+            'message', recent.error_message, 'worker', 'web-1:' || (1000 + attempt %% 2),
+            'traceback', 'Traceback (most recent call last):' || E'\\n'
+                || '  File "' || replace(recent.task_path, '.', '/') || '.py", line 42, in run'
+                || E'\\n' || recent.error_class || ': ' || recent.error_message,
+            'at', recent.created_at + (attempt - 1) * interval '40 seconds'
+                + interval '1 second'))
+        FROM generate_series(1, recent.attempts) AS attempt
+    ) ELSE '[]'::jsonb END,
+    CASE WHEN recent.status = 'succeeded' THEN jsonb_build_object('ok', true) END
+FROM generate_series(1, %(rows)s) AS g
+CROSS JOIN LATERAL (
+    SELECT *,
+        status = 'dead_letter' OR retrying AS failed,
+        CASE WHEN status = 'pending' AND NOT retrying THEN 0
+             WHEN status = 'dead_letter' THEN 5
+             ELSE 1 + g %% 2 END AS attempts,
+        -- A dead letter was enqueued before its five attempts, 40 seconds apart.
+        base_at - CASE WHEN status = 'dead_letter' THEN interval '3 minutes'
+                       ELSE interval '0' END AS created_at
+    FROM (
+        SELECT
+            (ARRAY['default', 'emails', 'default', 'high', 'reports'])[g %% 5 + 1] AS queue,
+            (ARRAY['shop.tasks.sync_inventory', 'shop.tasks.send_receipt',
+                   'media.tasks.resize_image', 'billing.tasks.charge_card',
+                   'reports.tasks.build_daily_report'])[g %% 5 + 1] AS task_path,
+            CASE WHEN g %% 13 = 0 THEN 'dead_letter'
+                 WHEN g %% 11 = 0 OR g %% 17 = 0 THEN 'pending'
+                 WHEN g > %(rows)s - 12 THEN 'processing'
+                 WHEN g > %(rows)s - 20 THEN 'pending'
+                 ELSE 'succeeded' END AS status,
+            g %% 11 = 0 AND g %% 13 <> 0 AS retrying,
+            now() - (%(rows)s - g) * (%(minutes)s * interval '1 minute' / %(rows)s)
+                - interval '2 seconds' AS base_at,
+            (ARRAY['requests.exceptions.ReadTimeout', 'billing.errors.CardDeclined',
+                   'ValueError'])[g %% 3 + 1] AS error_class,
+            (ARRAY['HTTPSConnectionPool(host=''api.example.com'', port=443): Read timed out. '
+                   || '(read timeout=10)',
+                   'card declined: insufficient funds (customer cus_4Fh2, order 81723)',
+                   'invalid literal for int() with base 10: ''N/A''']
+            )[g %% 3 + 1] AS error_message
+    ) AS kind
+) AS recent
+"""
+
+
+def seed_recent_activity(
+    conn: psycopg.Connection[Any], *, rows: int = 300, minutes: int = 20
+) -> None:
+    """Add the last ``minutes`` of a busy queue as the newest jobs.
+
+    Mostly succeeded, some running, retrying (with their error) and dead-lettered: the
+    first page of the inbox then looks like a real one (``seed``'s backlog is all
+    fresh, ready jobs). ``conn`` must be in autocommit mode.
+    """
+    conn.execute(RECENT, {"rows": rows, "minutes": minutes})
+    conn.execute("ANALYZE django_pgqueue_job")
+
+
 def seed(
     conn: psycopg.Connection[Any],
     *,

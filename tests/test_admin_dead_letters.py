@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 from django.db import connection
@@ -145,3 +146,12 @@ def test_group_texts_are_escaped(client):
         response = client.get(url(name))
         assert "<script>alert" not in response.text
         assert ESCAPED_SCRIPT in response.text
+
+
+def test_groups_show_the_newest_as_a_compact_age(client, failures):
+    response = client.get(url(GROUPS))
+    newest = str(response.context["rows"][0]["newest"])
+    assert re.fullmatch(
+        r'<time datetime="[^"]+" title="newest dead letter: [^"]+">\d+s</time>', newest
+    )
+    assert newest in response.text

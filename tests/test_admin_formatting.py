@@ -6,7 +6,14 @@ import datetime as dt
 
 import pytest
 
-from django_pgqueue.admin.formatting import compact, duration, pretty_json, relative
+from django_pgqueue.admin.formatting import (
+    age,
+    compact,
+    duration,
+    moment,
+    pretty_json,
+    relative,
+)
 from django_pgqueue.admin.svg import minute_series, throughput_chart
 from django_pgqueue.manager import QueueMinute
 
@@ -62,3 +69,31 @@ def test_chart_is_plain_svg_with_escaped_title():
     assert "&lt;script&gt;" in svg
     assert svg.count("<rect") == 1 + 3  # the frame, and three stacked bars
     assert throughput_chart([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("offset", "text"),
+    [
+        (dt.timedelta(seconds=-0.2), "0s"),
+        (dt.timedelta(seconds=0.4), "0s"),
+        (dt.timedelta(seconds=-42), "42s"),
+        (dt.timedelta(minutes=-2, seconds=-59), "2m"),
+        (dt.timedelta(hours=-3, minutes=-50), "3h"),
+        (dt.timedelta(days=-2, hours=-23), "2d"),
+        (dt.timedelta(minutes=5), "in 5m"),
+        (dt.timedelta(hours=23, minutes=59), "in 23h"),
+    ],
+)
+def test_age_is_one_short_unit(offset, text):
+    assert age(NOW + offset, NOW) == text
+
+
+def test_moment_gives_the_exact_time_on_hover(settings):
+    settings.TIME_ZONE = "Europe/Paris"
+    html = moment(NOW - dt.timedelta(minutes=2), "finished at", now=NOW)
+    assert html == (
+        '<time datetime="2026-01-01T11:58:00+00:00" '
+        'title="finished at: 2026-01-01 12:58:00 CET">2m</time>'
+    )
+    assert moment(None) == ""
+    assert "&lt;b&gt;" in moment(NOW, "<b>", now=NOW)

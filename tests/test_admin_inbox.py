@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import pytest
 from django.utils import timezone
 
 from django_pgqueue.admin import pagination
+from django_pgqueue.admin.jobs import ERROR_EXCERPT
+from django_pgqueue.manager import Failure
 from tests.admin_fixtures import (
     ESCAPED_SCRIPT,
     SCRIPT,
     VIEW,
     cancelled,
+    claim,
     dead_letter,
     enqueue,
     login,
+    row_cells,
     row_ids,
     running,
     scheduled,
+    store,
     succeeded,
+    text_of,
     url,
 )
 
@@ -54,12 +61,71 @@ def test_lists_every_job_newest_first_with_its_columns(client, jobs):
     response = client.get(url(INBOX))
     assert response.status_code == 200
     assert row_ids(response) == sorted(jobs.values(), reverse=True)
-    text = response.text
-    assert "tests.tasks.always_fails" in text
-    assert "1/1" in text  # attempts of the dead letter
-    assert "web-1:100" in text  # claimed by
-    assert "expired" in text  # the stuck job's lease
-    assert "Queue lag" in text  # link to the lag page
+    # What an on-call engineer needs, one short line each; the rest is on the job's page.
+    columns = [c for c in response.context["cl"].list_display if c != "action_checkbox"]
+    assert columns == ["id", "task", "status_display", "queue_name", "when", "error"]
+    rows = row_cells(response)
+    dead = rows[jobs["dead"]]
+    assert text_of(dead["task"]) == "tests.tasks.always_fails"
+    assert text_of(dead["status_display"]) == "Dead letter"
+    assert text_of(dead["queue_name"]) == "emails"
+    assert text_of(dead["error"]) == "ValueError boom"
+    assert "Queue lag" in response.text  # link to the lag page
+
+
+# Each row's "when" is the moment that matters for its status, as a compact age whose
+# tooltip names that moment and gives it to the second.
+@pytest.mark.parametrize(
+    ("job", "age", "label"),
+    [
+        ("dead", r"\d+s", "finished at"),
+        ("done", r"\d+s", "finished at"),
+        ("ready", r"\d+s", "ready since"),
+        ("later", r"in 23h", "scheduled for"),
+        ("live", r"\d+s", "claimed at"),
+        ("stuck", r"1m", "lease expired at"),
+        ("cancelled", r"\d+s", "finished at"),
+    ],
+)
+def test_when_is_a_compact_age_with_the_exact_time_on_hover(client, jobs, job, age, label):
+    cell = row_cells(client.get(url(INBOX)))[jobs[job]]["when"]
+    match = re.search(r'<time datetime="[^"]+" title="([^"]+)">([^<]+)</time>', cell)
+    assert match, cell
+    title, text = match.groups()
+    assert re.fullmatch(age, text), text
+    assert re.fullmatch(rf"{label}: \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \w+", title), title
+    assert ("pgq-expired" in cell) == (job == "stuck")
+
+
+def test_a_retrying_job_shows_its_attempts_and_last_error(client):
+    login(client, superuser=True)
+    job = enqueue(max_attempts=3, available_at=timezone.now() - dt.timedelta(days=1))
+    store().fail_if_leased(
+        claim(job).lease, Failure("requests.exceptions.ReadTimeout", "api.example.com", "tb")
+    )
+    row = row_cells(client.get(url(INBOX)))[job.pk]
+    assert text_of(row["status_display"]) == "Pending 1/3"
+    # The class without its module leaves the width to the message; the tooltip has both.
+    assert text_of(row["error"]) == "ReadTimeout api.example.com"
+    assert 'title="requests.exceptions.ReadTimeout: api.example.com"' in row["error"]
+    # Read from the database: only the start of a long message is.
+    store().run_now([job.pk])
+    long_message = "x" * 5000
+    store().fail_if_leased(claim(job).lease, Failure("ValueError", long_message, "tb"))
+    row = row_cells(client.get(url(INBOX)))[job.pk]
+    assert text_of(row["error"]) == "ValueError " + "x" * ERROR_EXCERPT
+    # Succeeding in the end leaves the error on the job's page, not in the listing.
+    store().run_now([job.pk])
+    store().complete_if_leased(claim(job).lease, "null")
+    row = row_cells(client.get(url(INBOX)))[job.pk]
+    assert text_of(row["status_display"]) == "Succeeded"
+    assert row["error"] == ""
+
+
+def test_no_error_is_an_empty_cell(client, jobs):
+    rows = row_cells(client.get(url(INBOX)))
+    assert rows[jobs["done"]]["error"] == ""
+    assert rows[jobs["ready"]]["error"] == ""
 
 
 @pytest.mark.parametrize(

@@ -178,6 +178,10 @@ def test_admin_pages_only_read_the_job_table_through_indexes(client, seeded):
         url("django_pgqueue_deadletter_groups"),
         url("django_pgqueue_lag"),
         url("django_pgqueue_worker_changelist"),
+        url("django_pgqueue_worker_change", "web-1:1000"),
+        # A worker's jobs in flight, as its page links to them.
+        url(inbox, status="processing", claimed_by="web-1:1000"),
+        url(inbox, status="expired", claimed_by="web-9:4242"),
     ]
     problems = []
     with CaptureQueriesContext(connection) as captured:

@@ -127,3 +127,39 @@ def test_queue_names_are_escaped(client):
     text = client.get(LAG).text
     assert "<script>alert" not in text
     assert "&lt;script&gt;" in text
+
+
+def test_phones_get_a_narrow_chart_and_labelled_figures(client, state):
+    text = client.get(LAG).text
+    # The overall chart is drawn twice: scaled down, the wide one's labels would be
+    # unreadable on a phone; the stylesheet shows one or the other.
+    wide = re.search(r'class="pgq-chart-wide"><svg [^>]*width="(\d+)"', text)
+    narrow = re.search(r'class="pgq-chart-narrow"><svg [^>]*width="(\d+)"', text)
+    assert wide
+    assert narrow
+    assert (int(wide.group(1)), int(narrow.group(1))) == (720, 360)
+    # Each figure carries its label, shown above it when a queue becomes a card.
+    row = re.search(r'<tr data-queue="emails">(.*?)</tr>', text, re.S)
+    assert row
+    labels = re.findall(r'data-label="([^"]+)"', row.group(1))
+    assert labels[:6] == [
+        "Ready",
+        "Scheduled",
+        "Running",
+        "Expired leases",
+        "Dead letters",
+        "Oldest ready (lag)",
+    ]
+    assert len(labels) == 10
+
+
+def test_rates_are_short_and_the_lag_has_its_moment_on_hover(client, state):
+    response = client.get(LAG)
+    row = _row(response, "emails")
+    assert row.recent_display == "10"  # 52 finished in 5 minutes
+    assert row.hour_display == "11"  # 662 in 60 minutes
+    assert (lag._rate(2.54), lag._rate(13_991.8)) == ("2.5", "14.0k")
+    assert re.fullmatch(
+        r"oldest ready job ready since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+", row.oldest_ready_title
+    )
+    assert f'title="{row.oldest_ready_title}"' in response.text

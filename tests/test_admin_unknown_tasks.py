@@ -65,7 +65,7 @@ def test_the_inbox_says_the_job_waits_for_a_worker_that_knows_its_task(client):
 
 def _cells(text: str, queue: str) -> dict[str, str]:
     """Return the lag table's row of ``queue`` as {column header: cell text}."""
-    table = re.search(r'<table id="pgq-queues">.*?</table>', text, re.S)
+    table = re.search(r'<table id="pgq-queues"[^>]*>.*?</table>', text, re.S)
     assert table is not None
     headers = [
         html.unescape(re.sub(r"<[^>]+>", "", header)).strip()

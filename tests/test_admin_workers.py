@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 import pytest
 from django.db import connection
 
-from tests.admin_fixtures import SCRIPT, claim, enqueue, login, running, store, url
+from django_pgqueue.models import Job
+from tests.admin_fixtures import (
+    SCRIPT,
+    claim,
+    enqueue,
+    login,
+    messages_of,
+    row_cells,
+    row_ids,
+    running,
+    store,
+    text_of,
+    url,
+)
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db]
 
@@ -76,7 +92,7 @@ def test_read_only(client, registry):
     response = client.get(url("django_pgqueue_worker_change", "web-1:10"))
     assert response.status_code == 200
     assert 'name="_save"' not in response.text
-    assert client.post(url("django_pgqueue_worker_change", "web-1:10"), {}).status_code == 403
+    assert client.post(url("django_pgqueue_worker_change", "web-1:10"), {}).status_code == 405
     assert client.get(url("django_pgqueue_worker_delete", "web-1:10")).status_code == 403
 
 
@@ -86,3 +102,76 @@ def test_worker_texts_are_escaped(client):
     text = client.get(WORKERS).text
     assert "<script>alert" not in text
     assert "&lt;script&gt;" in text
+
+
+def _link(cell_html: str, index: int = 0) -> str:
+    return html.unescape(re.findall(r'href="([^"]+)"', cell_html)[index])
+
+
+def test_jobs_in_flight_link_to_those_jobs(client, registry):
+    claimed = sorted(
+        Job.objects.filter(claimed_by="web-1:10", status="processing").values_list("pk", flat=True)
+    )
+    cells = row_cells(client.get(WORKERS))
+    assert text_of(cells["web-1:10"]["in_flight"]) == "3 / 8"
+    response = client.get(_link(cells["web-1:10"]["in_flight"]))
+    assert response.status_code == 200
+    assert sorted(row_ids(response)) == claimed
+    # An idle worker has nothing to link to.
+    assert text_of(cells["web-1:11"]["in_flight"]) == "0 / 8"
+    assert "href" not in cells["web-1:11"]["in_flight"]
+
+
+def test_expired_leases_link_to_those_jobs(client):
+    login(client, superuser=True)
+    _register("web-4:14")
+    live = enqueue()
+    claim(live, worker_id="web-4:14")
+    stuck = enqueue()
+    claim(stuck, worker_id="web-4:14")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 minute' "
+            "WHERE id = %s",
+            [stuck.pk],
+        )
+    cell = row_cells(client.get(WORKERS))["web-4:14"]["in_flight"]
+    assert text_of(cell) == "2 / 8 (1 expired)"
+    assert sorted(row_ids(client.get(_link(cell, 0)))) == [live.pk, stuck.pk]
+    assert row_ids(client.get(_link(cell, 1))) == [stuck.pk]
+
+
+def test_no_link_for_a_user_who_cannot_see_jobs(client, registry):
+    client.logout()
+    login(client, "view_worker")
+    cell = row_cells(client.get(WORKERS))["web-1:10"]["in_flight"]
+    assert text_of(cell) == "3 / 8"
+    assert "href" not in cell
+
+
+def test_worker_page_is_a_readable_summary(client, registry):
+    response = client.get(url("django_pgqueue_worker_change", "web-1:10"))
+    assert response.status_code == 200
+    page = text_of(response.text.split('id="content-main"', 1)[1])
+    # No form: every fact as text, times to the second with the zone, relative too.
+    assert "<input" not in response.text.split('id="content-main"', 1)[1]
+    assert re.search(r"started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+ \(\d+ (s|ms) ago; up ", page)
+    assert re.search(r"last heartbeat \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \w+ \(", page)
+    assert "host web-1" in page
+    assert "queues default, emails" in page
+    assert "partition buckets default: 512/1024, emails: 1024/1024" in page
+    in_flight = response.context["in_flight_html"]
+    assert text_of(in_flight) == "3 / 8"
+    assert _link(in_flight) == _link(row_cells(client.get(WORKERS))["web-1:10"]["in_flight"])
+
+
+def test_a_silent_worker_page_says_what_will_happen(client, registry):
+    response = client.get(url("django_pgqueue_worker_change", "web-3:13"))
+    assert "Alive, silent" in response.text
+    assert "housekeeping will mark it dead" in response.text
+
+
+def test_a_forgotten_worker_sends_back_to_the_list(client, registry):
+    response = client.get(url("django_pgqueue_worker_change", "web-9:99"), follow=True)
+    assert response.redirect_chain[-1][0] == WORKERS
+    assert messages_of(response) == ["Worker web-9:99 is not in the registry any more."]

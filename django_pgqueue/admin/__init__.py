@@ -6,13 +6,15 @@ default admin site. Every change to a job goes through the queue manager.
 
 from django.contrib import admin
 
-from ..models import DeadLetter, Job, Worker
+from ..models import DeadLetter, Job, Lag, Worker
 from .dead_letters import DeadLetterAdmin
 from .jobs import JobAdmin
+from .lag import QueueLagAdmin
 from .workers import WorkerAdmin
 
-__all__ = ["DeadLetterAdmin", "JobAdmin", "WorkerAdmin"]
+__all__ = ["DeadLetterAdmin", "JobAdmin", "QueueLagAdmin", "WorkerAdmin"]
 
 admin.site.register(Job, JobAdmin)
 admin.site.register(DeadLetter, DeadLetterAdmin)
+admin.site.register(Lag, QueueLagAdmin)
 admin.site.register(Worker, WorkerAdmin)

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
-from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
-from django.utils.text import Truncator
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Job
@@ -31,7 +28,7 @@ from .filters import (
     QueueFilter,
     TaskFilter,
 )
-from .formatting import relative
+from .formatting import moment
 from .jobs import BaseJobAdmin
 
 __all__ = ["DeadLetterAdmin"]
@@ -43,15 +40,7 @@ GROUPS_SHOWN = 500
 class DeadLetterAdmin(BaseJobAdmin):
     """Dead-lettered jobs only, with the grouped view and retry/discard actions."""
 
-    list_display = (
-        "id",
-        "task",
-        "queue_name",
-        "error",
-        "attempts_display",
-        "finished",
-        "age",
-    )
+    list_display = ("id", "task", "status_display", "queue_name", "when", "error")
     list_filter = (
         QueueFilter,
         TaskFilter,
@@ -62,26 +51,10 @@ class DeadLetterAdmin(BaseJobAdmin):
     actions = operation_actions(RETRY, DISCARD)
     listing_title = _("Dead letters")
     change_list_template = "django_pgqueue/admin/dead_letter_changelist.html"
-    # The error message is shown (cut short); the rest of the payload is not.
-    list_deferred_fields = ("args", "kwargs", "errors", "result")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         """Return dead letters only (pgq_job_revivable, newest first)."""
         return super().get_queryset(request).filter(status=JobStatus.DEAD_LETTER)
-
-    @admin.display(description=_("error"))
-    def error(self, job: Job) -> SafeString:
-        """Show the error class and the start of the message."""
-        return format_html(
-            '<span class="pgq-error-class">{}</span> {}',
-            job.last_error_class or "",
-            Truncator(job.last_error or "").chars(120),
-        )
-
-    @admin.display(description=_("finished"))
-    def finished(self, job: Job) -> str:
-        """Show how long ago the job gave up."""
-        return relative(job.finished_at)
 
     def get_urls(self) -> list[URLPattern]:
         """Add the grouped view in front of the standard URLs."""
@@ -104,6 +77,7 @@ class DeadLetterAdmin(BaseJobAdmin):
         rows = [
             {
                 "group": group,
+                "newest": moment(group.sample_finished_at, gettext("newest dead letter")),
                 "url": changelist
                 + "?"
                 + urlencode(

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
+from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
@@ -75,7 +76,17 @@ def render_job_detail(
     )
     job = model_admin.get_object(request, unquote(object_id))
     if job is None:
-        # Discarded, pruned, or (on the dead-letter page) retried since.
+        moved = _moved_to_inbox(model_admin, request, unquote(object_id))
+        if moved:
+            # A dead letter retried since (in another tab, say): it is still a job.
+            model_admin.message_user(
+                request,
+                _("Job #%(id)s is no longer a %(page)s; here it is among all jobs.")
+                % {"id": object_id, "page": opts.verbose_name},
+                messages.INFO,
+            )
+            return HttpResponseRedirect(moved)
+        # Discarded or pruned.
         model_admin.message_user(
             request,
             _("Job #%(id)s is not here: it may have been discarded or retried.")
@@ -104,12 +115,50 @@ def render_job_detail(
         "changelist_url": changelist,
         "history_url": _history_url(model_admin, request, job),
         "return_to_field": RETURN_TO,
-        "return_to": request.get_full_path(),
+        "return_to": _return_to(model_admin, request, job),
         "overdue": _overdue(job),
         **_partition(job),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/job_detail.html", context)
+
+
+def _moved_to_inbox(model_admin: ModelAdmin[Any], request: HttpRequest, object_id: str) -> str:
+    """Return the inbox page of a job this page no longer lists, if the user may see it."""
+    inbox = _inbox(model_admin, request)
+    if inbox is None or not object_id.isdigit():
+        return ""
+    if not Job.objects.db_manager(model_admin.model.objects.db).filter(pk=int(object_id)).exists():
+        return ""
+    return reverse(
+        f"admin:{Job._meta.app_label}_job_change",
+        args=[int(object_id)],
+        current_app=model_admin.admin_site.name,
+    )
+
+
+def _inbox(model_admin: ModelAdmin[Any], request: HttpRequest) -> ModelAdmin[Any] | None:
+    """Return the inbox's admin if it is not this one and the user may see it there."""
+    if model_admin.model is Job:
+        return None
+    try:
+        inbox = model_admin.admin_site.get_model_admin(Job)
+    except NotRegistered:
+        return None
+    return inbox if inbox.has_view_permission(request) else None
+
+
+def _return_to(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> str:
+    # After an action the job may have left this page's listing (a retried dead letter
+    # is pending): its page in the inbox always shows it, so the action's report is the
+    # only message. Without the permission to see it there, the listing it came from.
+    if model_admin.model is Job:
+        return request.get_full_path()
+    site = model_admin.admin_site.name
+    if _inbox(model_admin, request) is not None:
+        return reverse(f"admin:{Job._meta.app_label}_job_change", args=[job.pk], current_app=site)
+    opts = model_admin.opts
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist", current_app=site)
 
 
 def _history_url(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> str:

@@ -19,8 +19,11 @@ from ..states import JobStatus, WorkerStatus
 
 __all__ = [
     "PAYLOAD_DISPLAY_LIMIT",
+    "age",
     "compact",
     "duration",
+    "exact",
+    "moment",
     "pretty_json",
     "relative",
     "status_badge",
@@ -66,6 +69,33 @@ def relative(moment: datetime | None, now: datetime | None = None) -> str:
     if delta >= 0:
         return _("in %(duration)s") % {"duration": duration(delta)}
     return _("%(duration)s ago") % {"duration": duration(delta)}
+
+
+def age(moment: datetime, now: datetime | None = None) -> str:
+    """Return ``moment`` relative to now in one short unit: "40s", "2m", "3h", "in 5m"."""
+    delta = (moment - (now or timezone.now())).total_seconds()
+    seconds = int(abs(delta))
+    for size, unit in ((86_400, "d"), (3_600, "h"), (60, "m"), (1, "s")):
+        if seconds >= size or size == 1:
+            text = f"{seconds // size}{unit}"
+            break
+    # Rounded down, a moment a few milliseconds away is "0s", never "in 0s".
+    return _("in %(age)s") % {"age": text} if delta >= 1 else text
+
+
+def exact(moment: datetime) -> str:
+    """Return ``moment`` to the second in the current time zone, with the zone's name."""
+    return f"{timezone.localtime(moment):%Y-%m-%d %H:%M:%S %Z}"
+
+
+def moment(value: datetime | None, label: str = "", *, now: datetime | None = None) -> SafeString:
+    """Return a compact age ("2m") whose tooltip tells the exact time and what it was."""
+    if value is None:
+        return SafeString("")
+    title = f"{label}: {exact(value)}" if label else exact(value)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), title, age(value, now)
+    )
 
 
 #: What the admin calls a pending job that no worker so far could import the task of.

@@ -1,9 +1,9 @@
 """The inbox: every job, filterable and searchable, with its read-only detail page.
 
-Also registers the lag page (``admin:django_pgqueue_lag``). Jobs are never edited or
-deleted through the ORM here: the change view is a read-only page, Django's delete views
-are closed (``has_delete_permission`` is False), and every change is an action that goes
-through the queue manager. The model's delete permission allows the "discard" action.
+Jobs are never edited or deleted through the ORM here: the change view is a read-only
+page, Django's delete views are closed (``has_delete_permission`` is False), and every
+change is an action that goes through the queue manager. The model's delete permission
+allows the "discard" action.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from django.contrib import admin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Left
 from django.http import HttpRequest, HttpResponse
-from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -37,8 +36,7 @@ from .filters import (
     StatusFilter,
     TaskFilter,
 )
-from .formatting import relative, status_badge
-from .lag import lag_view
+from .formatting import moment, status_badge
 from .pagination import EstimatedCountPaginator
 from .parameters import drop_unstorable_parameters
 
@@ -47,6 +45,9 @@ __all__ = ["BaseJobAdmin", "JobAdmin"]
 #: Largest id a search term may name (bigint).
 _MAX_ID = 2**63 - 1
 _MAX_ID_DIGITS = len(str(_MAX_ID))
+#: Characters of the last error the listings read; the rest stays in the database.
+ERROR_EXCERPT = 200
+_ACTIVE = frozenset({JobStatus.PENDING, JobStatus.PROCESSING})
 
 
 if TYPE_CHECKING:
@@ -71,7 +72,8 @@ class BaseJobAdmin(_ModelAdmin):
     search_fields = ("=id",)  # shows the search box; get_search_results does the work
     search_help_text = _("An exact job id, idempotency key or partition key.")
     change_list_template = "django_pgqueue/admin/job_changelist.html"
-    #: Columns the listing never shows and that can be large.
+    #: Columns the listing never shows and that can be large (of the last error, the
+    #: listing reads only its start: see get_queryset).
     list_deferred_fields: tuple[str, ...] = ("args", "kwargs", "errors", "result", "last_error")
 
     class Media:
@@ -92,6 +94,20 @@ class BaseJobAdmin(_ModelAdmin):
         return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
 
     # ------------------------------------------------------------------ listing
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        """Return the jobs, each with the start of its last error (``error_excerpt``)."""
+        return (
+            super().get_queryset(request).annotate(error_excerpt=Left("last_error", ERROR_EXCERPT))
+        )
+
+    def get_model_perms(self, request: HttpRequest) -> dict[str, bool]:
+        """Return the permissions the app list shows: view, never "change".
+
+        The change permission only runs the actions; nothing here is edited in a form,
+        so the index and the sidebar offer a "View" link.
+        """
+        return {**super().get_model_perms(request), "change": False}
+
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[QueueChangeList]:
         """Return the changelist class that leaves payloads out and orders by index."""
         return QueueChangeList
@@ -121,11 +137,22 @@ class BaseJobAdmin(_ModelAdmin):
         return queryset.filter(condition), False
 
     # ------------------------------------------------------------------ columns
+    # One short line per job; everything else is on the job's page. The stylesheet clips
+    # task and error to the width left, and the tooltips hold the whole text.
     @admin.display(description=_("task"))
     def task(self, job: Job) -> SafeString:
-        """Show the task path, linked to the listing of that task's jobs."""
+        """Show the task path, linked to the listing of that task's jobs.
+
+        Where the column is narrow, the module is cut short and the function's name stays.
+        """
+        module, dot, name = job.task_path.rpartition(".")
         return format_html(
-            '<a href="?{}">{}</a>', urlencode({"task": job.task_path}), job.task_path
+            '<a class="pgq-task" href="?{}" title="{}"><span class="pgq-task-module">{}</span>'
+            '<span class="pgq-task-name">{}</span></a>',
+            urlencode({"task": job.task_path}),
+            job.task_path,
+            module + dot,
+            name,
         )
 
     @admin.display(description=_("queue"))
@@ -135,35 +162,58 @@ class BaseJobAdmin(_ModelAdmin):
 
     @admin.display(description=_("status"))
     def status_display(self, job: Job) -> SafeString:
-        """Show the status as a badge (a job waiting for its task as its own kind)."""
-        return status_badge(job.status, unknown_task=job.unknown_task_since is not None)
+        """Show the status as a badge (a job waiting for its task as its own kind), and
+        the attempts of a job that is retrying."""
+        badge = status_badge(job.status, unknown_task=job.unknown_task_since is not None)
+        if job.status in _ACTIVE and job.last_error_class and job.attempts:
+            return format_html(
+                '{} <span class="pgq-muted" title="{}">{}/{}</span>',
+                badge,
+                _("attempts started, of the maximum"),
+                job.attempts,
+                job.max_attempts,
+            )
+        return badge
 
-    @admin.display(description=_("attempts"))
-    def attempts_display(self, job: Job) -> str:
-        """Show attempts started out of the maximum."""
-        return f"{job.attempts}/{job.max_attempts}"
+    @admin.display(description=_("when"))
+    def when(self, job: Job) -> SafeString:
+        """Show the moment that matters for the job's status, as a compact age.
 
-    @admin.display(description=_("available"))
-    def available(self, job: Job) -> str:
-        """Show when a pending job becomes or became ready."""
-        if job.status != JobStatus.PENDING:
-            return ""
-        return relative(job.available_at)
+        Ready or scheduled for a pending job, claimed (or lease expired) for a running
+        one, finished for the others; the tooltip names it and gives the exact time.
+        """
+        now = timezone.now()
+        if job.status == JobStatus.PENDING:
+            label = _("ready since") if job.available_at <= now else _("scheduled for")
+            return moment(job.available_at, str(label), now=now)
+        if job.status == JobStatus.PROCESSING:
+            if job.lease_expires_at is not None and job.lease_expires_at < now:
+                return format_html(
+                    '<span class="pgq-expired">{}</span>',
+                    moment(job.lease_expires_at, str(_("lease expired at")), now=now),
+                )
+            return moment(job.claimed_at, str(_("claimed at")), now=now)
+        return moment(job.finished_at, str(_("finished at")), now=now)
 
-    @admin.display(description=_("lease expires"))
-    def lease(self, job: Job) -> SafeString | str:
-        """Show when a running job's lease expires, flagged once it has."""
-        if job.status != JobStatus.PROCESSING or job.lease_expires_at is None:
-            return ""
-        text = relative(job.lease_expires_at)
-        if job.lease_expires_at < timezone.now():
-            return format_html('<span class="pgq-expired">{}</span>', _("expired %s") % text)
-        return text
+    @admin.display(description=_("error"), empty_value="")
+    def error(self, job: Job) -> SafeString:
+        """Show the class and the start of the last error (the job's page has them all).
 
-    @admin.display(description=_("age"))
-    def age(self, job: Job) -> str:
-        """Show how long ago the job was created."""
-        return relative(job.created_at)
+        The class goes without its module ("ReadTimeout"), leaving the width to the
+        message; the tooltip has both in full. A job that succeeded in the end shows
+        none: its failed attempts are on its page.
+        """
+        excerpt: str = getattr(job, "error_excerpt", None) or ""  # see get_queryset
+        error_class = job.last_error_class or ""
+        if job.status == JobStatus.SUCCEEDED or not (error_class or excerpt):
+            return SafeString("")
+        return format_html(
+            '<span title="{}: {}"><span class="pgq-error-class">{}</span> {}</span>',
+            error_class,
+            excerpt,
+            error_class.rpartition(".")[2],
+            excerpt,
+        )
 
     #: Title of the listing page (Django's is "Select job to change").
     listing_title: Any = _("Jobs")
@@ -206,18 +256,7 @@ class BaseJobAdmin(_ModelAdmin):
 class JobAdmin(BaseJobAdmin):
     """The inbox: all jobs."""
 
-    list_display = (
-        "id",
-        "task",
-        "queue_name",
-        "status_display",
-        "attempts_display",
-        "priority",
-        "available",
-        "claimed_by",
-        "lease",
-        "age",
-    )
+    list_display = ("id", "task", "status_display", "queue_name", "when", "error")
     list_filter = (
         StatusFilter,
         QueueFilter,
@@ -228,16 +267,3 @@ class JobAdmin(BaseJobAdmin):
         ("finished_at", FinishedRangeFilter),
     )
     actions = operation_actions(RETRY, RUN_NOW, CANCEL, REQUEUE, DISCARD)
-
-    def get_urls(self) -> list[URLPattern]:
-        """Add the lag page in front of the standard job URLs."""
-        lag = path(
-            "lag/",
-            self.admin_site.admin_view(self.lag_view),
-            name=f"{self.opts.app_label}_lag",
-        )
-        return [lag, *super().get_urls()]
-
-    def lag_view(self, request: HttpRequest) -> TemplateResponse:
-        """Render the lag page."""
-        return lag_view(self, request)

@@ -3,8 +3,9 @@
 Health includes the INVALID indexes on the queue's tables (as system check W002 reports
 them), each with the command that repairs it.
 
-Registered by the job admin (``admin:django_pgqueue_lag``) and rendered inside the admin
-site, so login, permissions (view permission on jobs) and breadcrumbs work as elsewhere.
+Registered through the ``Lag`` proxy model (``admin:django_pgqueue_lag``), so that
+it is listed in the admin index and sidebar, and rendered inside the admin site, so
+login, permissions (view permission on jobs) and breadcrumbs work as elsewhere.
 Every figure comes from a read-only query of the queue manager (``sql/admin.sql``, and
 ``sql/schema.sql`` for the indexes).
 """
@@ -17,28 +18,32 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from django.contrib import admin
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..manager import QueueLag, QueueMinute
-from ..models import Job
+from ..models import Job, Lag
 from ..schema import index_problems
 from ..states import JobStatus
 from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
-from .formatting import duration
+from .formatting import compact, duration, exact
 from .queues import configured_queues
 from .svg import ChartPoint, minute_series, throughput_chart
 
 if TYPE_CHECKING:
-    from django.contrib.admin import ModelAdmin
+    _ModelAdmin = admin.ModelAdmin[Lag]
+else:  # ModelAdmin is generic for the type checker only
+    _ModelAdmin = admin.ModelAdmin
 
-__all__ = ["COUNT_LIMIT", "QueueRow", "lag_view"]
+__all__ = ["COUNT_LIMIT", "QueueLagAdmin", "QueueRow", "lag_view"]
 
 #: Depth and dead-letter counts stop here: the page shows "10,000+" beyond.
 COUNT_LIMIT = 10_000
@@ -65,6 +70,25 @@ class QueueRow:
         return duration(self.lag.lag_seconds)
 
     @property
+    def oldest_ready_title(self) -> str:
+        """Return when the oldest ready job became ready, to the second."""
+        if self.lag.oldest_ready_at is None:
+            return ""
+        return gettext("oldest ready job ready since %(moment)s") % {
+            "moment": exact(self.lag.oldest_ready_at)
+        }
+
+    @property
+    def recent_display(self) -> str:
+        """Return the short window's rate in a few characters ("13.9k", "2.5")."""
+        return _rate(self.recent_per_minute)
+
+    @property
+    def hour_display(self) -> str:
+        """Return the hour's rate in a few characters."""
+        return _rate(self.hour_per_minute)
+
+    @property
     def recent_per_minute(self) -> float:
         """Return the finished attempts per minute over the short window."""
         return self.recent.finished / RECENT_MINUTES
@@ -75,7 +99,44 @@ class QueueRow:
         return self.hour.finished / CHART_MINUTES
 
 
-def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResponse:
+class QueueLagAdmin(_ModelAdmin):
+    """The lag page as an admin "model": one read-only page, seen by whoever sees jobs."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Return whether the user may see jobs (the page shows nothing else)."""
+        opts = Job._meta
+        return any(
+            request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+            for action in ("view", "change")
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Return False: there is nothing to add."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Return False: the page is read-only."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Return False: the page is read-only."""
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        """Return the page's only URL, under the index's name for it and its own."""
+        view = self.admin_site.admin_view(self.lag_view)
+        opts = self.opts
+        return [
+            path("", view, name=f"{opts.app_label}_{opts.model_name}_changelist"),
+            path("", view, name=f"{opts.app_label}_lag"),
+        ]
+
+    def lag_view(self, request: HttpRequest) -> TemplateResponse:
+        """Render the lag page."""
+        return lag_view(self, request)
+
+
+def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse:
     """Render the lag page (view permission on jobs required)."""
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
@@ -100,7 +161,7 @@ def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResp
                 chart=throughput_chart(
                     series,
                     width=120,
-                    height=32,
+                    height=24,
                     title=gettext("%(queue)s: finished jobs and longest wait per minute")
                     % {"queue": lag.queue},
                     axes=False,
@@ -109,6 +170,7 @@ def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResp
             )
         )
     overall = minute_series(minutes, last_minute=last_minute)
+    overall_title = gettext("All queues: finished jobs and longest wait per minute")
     health = store.job_table_health()
     invalid_indexes = index_problems(store.runner.alias)
     context = {
@@ -116,10 +178,12 @@ def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResp
         "title": _("Queue lag"),
         "opts": model_admin.opts,
         "rows": rows,
+        # Jobs waiting for a worker that knows their task are rare (a rolling deploy):
+        # their column is shown only while some queue has them.
+        "unknown_task_column": any(row.lag.unknown_task for row in rows),
         "count_limit": COUNT_LIMIT,
-        "chart": throughput_chart(
-            overall, title=gettext("All queues: finished jobs and longest wait per minute")
-        ),
+        "chart": throughput_chart(overall, title=overall_title),
+        "chart_narrow": throughput_chart(overall, width=360, height=180, title=overall_title),
         "chart_minutes": CHART_MINUTES,
         "recent_minutes": RECENT_MINUTES,
         "health": health,
@@ -129,6 +193,10 @@ def lag_view(model_admin: ModelAdmin[Any], request: HttpRequest) -> TemplateResp
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/lag.html", context)
+
+
+def _rate(per_minute: float) -> str:
+    return f"{per_minute:.1f}" if per_minute < 10 else compact(per_minute)
 
 
 def _total(points: list[ChartPoint], minute: datetime) -> ChartPoint:
@@ -141,7 +209,7 @@ def _total(points: list[ChartPoint], minute: datetime) -> ChartPoint:
     )
 
 
-def _links(model_admin: ModelAdmin[Any], queue: str) -> dict[str, str]:
+def _links(model_admin: _ModelAdmin, queue: str) -> dict[str, str]:
     site = model_admin.admin_site.name
     opts = model_admin.opts
     inbox = reverse(f"admin:{opts.app_label}_job_changelist", current_app=site)

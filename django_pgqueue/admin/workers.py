@@ -12,18 +12,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..conf import conf
 from ..manager import WorkerLoad
 from ..models import Job, Worker
 from ..partition import BUCKET_COUNT
-from ..states import WorkerStatus
-from .formatting import relative, worker_badge
+from .formatting import moment
 from .parameters import drop_unstorable_parameters
+from .worker_detail import in_flight_html, inbox_url, render_worker_detail, worker_status
 
 __all__ = ["WorkerAdmin"]
 
@@ -37,34 +36,21 @@ else:  # ModelAdmin is generic for the type checker only
 class WorkerAdmin(_ModelAdmin):
     """Live, draining and dead workers with their jobs in flight and partition buckets."""
 
+    # Host and pid make up the id; buckets, metadata and exact times are on its page.
     list_display = (
         "id",
         "status_display",
-        "hostname",
-        "pid",
         "queue_list",
-        "concurrency",
         "in_flight",
         "buckets",
-        "started",
         "last_seen",
+        "started",
     )
     list_filter = ("status", "hostname")
     show_facets = admin.ShowFacets.NEVER
     search_fields = ("id", "hostname")
     ordering = ("status", "-last_seen_at")
     list_per_page = 100
-    readonly_fields = (
-        "id",
-        "status",
-        "hostname",
-        "pid",
-        "queues",
-        "concurrency",
-        "started_at",
-        "last_seen_at",
-        "metadata",
-    )
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}
@@ -99,18 +85,16 @@ class WorkerAdmin(_ModelAdmin):
                 loads = Job.objects.store(self.model.objects.db).jobs_in_flight(
                     [worker.id for worker in workers]
                 )
+                inbox = inbox_url(self, request)
                 for worker in workers:
                     worker.in_flight_load = loads.get(worker.id)
+                    worker.inbox_url = inbox
         return response
 
     @admin.display(description=_("status"))
     def status_display(self, worker: Worker) -> SafeString:
         """Show the status; an alive worker silent past the timeout is flagged."""
-        silent = (
-            worker.status == WorkerStatus.ALIVE
-            and (timezone.now() - worker.last_seen_at).total_seconds() > conf.WORKER_TIMEOUT_SECONDS
-        )
-        return worker_badge(worker.status, silent=silent)
+        return worker_status(worker)
 
     @admin.display(description=_("queues"))
     def queue_list(self, worker: Worker) -> str:
@@ -118,18 +102,10 @@ class WorkerAdmin(_ModelAdmin):
         return ", ".join(str(queue) for queue in worker.queues or [])
 
     @admin.display(description=_("jobs in flight"))
-    def in_flight(self, worker: Worker) -> SafeString | str:
-        """Show the running jobs the worker holds a lease on, and how many expired."""
+    def in_flight(self, worker: Worker) -> SafeString:
+        """Show the running jobs the worker holds, of its concurrency, linked to them."""
         load: WorkerLoad | None = getattr(worker, "in_flight_load", None)
-        if load is None:
-            return "0"
-        if load.expired:
-            return format_html(
-                '{} <span class="pgq-expired">({})</span>',
-                load.jobs,
-                _("%(count)d expired") % {"count": load.expired},
-            )
-        return str(load.jobs)
+        return in_flight_html(worker, load, getattr(worker, "inbox_url", ""))
 
     @admin.display(description=_("partition buckets"))
     def buckets(self, worker: Worker) -> SafeString:
@@ -137,16 +113,31 @@ class WorkerAdmin(_ModelAdmin):
         owned = (worker.metadata or {}).get("owned_buckets") or {}
         if not isinstance(owned, dict):
             return SafeString("")
-        return format_html_join(
-            ", ", "{}: {}/{}", ((queue, count, BUCKET_COUNT) for queue, count in owned.items())
+        return format_html(
+            "<span>{}</span>",
+            format_html_join(
+                ", ",
+                "{}: {}/{}",
+                ((queue, count, BUCKET_COUNT) for queue, count in sorted(owned.items())),
+            ),
         )
 
     @admin.display(description=_("started"), ordering="started_at")
-    def started(self, worker: Worker) -> str:
+    def started(self, worker: Worker) -> SafeString:
         """Show how long ago the worker started."""
-        return relative(worker.started_at)
+        return moment(worker.started_at, gettext("started at"))
 
     @admin.display(description=_("last seen"), ordering="last_seen_at")
-    def last_seen(self, worker: Worker) -> str:
+    def last_seen(self, worker: Worker) -> SafeString:
         """Show how long ago the worker last heartbeated."""
-        return relative(worker.last_seen_at)
+        return moment(worker.last_seen_at, gettext("last heartbeat at"))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Render the worker's page: a read-only summary, not a form."""
+        return render_worker_detail(self, request, object_id)
