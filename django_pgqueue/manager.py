@@ -62,6 +62,8 @@ _JSON_COLUMNS = frozenset(
 HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
 # Largest number of ids an operator statement handles at once.
 OPERATOR_CHUNK = 1000
+# Partition signals one fold takes (the claim folds before it claims).
+FOLD_BATCH = 1000
 # Job ids are bigint.
 _MIN_JOB_ID = -(2**63)
 _MAX_JOB_ID = 2**63 - 1
@@ -353,6 +355,10 @@ class Runner(Protocol):
         """Execute ``query`` with ``params`` and return its rows."""
         ...
 
+    def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
+        """Execute several statements in order (in one round trip where possible)."""
+        ...
+
 
 class DjangoRunner:
     """Runs statements on Django's connection for ``alias``, inside any open transaction."""
@@ -375,6 +381,10 @@ class DjangoRunner:
             columns = tuple(column.name for column in description)
             return Result(columns, cursor.fetchall(), cursor.rowcount)
 
+    def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
+        """Execute ``statements`` one after the other (a round trip each)."""
+        return [self.run(query, params) for query, params in statements]
+
 
 class PsycopgRunner:
     """Runs statements on a dedicated psycopg connection (a worker's own)."""
@@ -392,11 +402,32 @@ class PsycopgRunner:
         """Execute ``query`` with server-side binding (prepared after a few uses)."""
         with self.connection.cursor() as cursor:
             cursor.execute(query.text, params)
-            description = cursor.description  # built anew on each access: read it once
-            if description is None:
-                return Result((), [], cursor.rowcount)
-            columns = tuple(column.name for column in description)
-            return Result(columns, cursor.fetchall(), cursor.rowcount)
+            return _result(cursor)
+
+    def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
+        """Execute ``statements`` in order, in one round trip (pipeline mode).
+
+        Each sees what the ones before it did; in autocommit each commits on its own.
+        """
+        with self.connection.pipeline():
+            cursors = []
+            for query, params in statements:
+                cursor = self.connection.cursor()
+                cursor.execute(query.text, params)
+                cursors.append(cursor)
+        try:
+            return [_result(cursor) for cursor in cursors]
+        finally:
+            for cursor in cursors:
+                cursor.close()
+
+
+def _result(cursor: psycopg.Cursor[Any]) -> Result:
+    description = cursor.description  # built anew on each access: read it once
+    if description is None:
+        return Result((), [], cursor.rowcount)
+    columns = tuple(column.name for column in description)
+    return Result(columns, cursor.fetchall(), cursor.rowcount)
 
 
 # ---------------------------------------------------------------------- admin values (read-only)
@@ -670,10 +701,12 @@ class QueueStore:
     ) -> ClaimRound:
         """Claim like :meth:`claim`; say how many partitions were refreshed on the way.
 
-        When producers left partition signals, the claim statement says so; they are
-        folded in (a separate short statement: the claim itself never waits on a
-        partition row) and the free capacity is claimed again, so a partition whose next
-        job just became ready is claimable by this very call.
+        Producers' partition signals are folded in first, by a statement of its own sent
+        in the same round trip (pipeline mode on a worker's connection), so a partition
+        whose next job just became ready competes in this very claim, in claim order.
+        The fold waits only on other refreshes of the same partitions; the claim itself
+        never waits on a partition row. If more signals were waiting than one fold takes,
+        the claim says so: they are folded and the free capacity is claimed again.
         """
         limits = [per_queue] * len(queues) if isinstance(per_queue, int) else list(per_queue)
         if len(limits) != len(queues):
@@ -682,12 +715,18 @@ class QueueStore:
             list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
         )
         total = sum(limits) if total_limit is None else total_limit
-        claimed, signalled = self._claim_batch(
-            worker_id, queues, limits, masks=masks, total=total, lease_seconds=lease_seconds
+        claimed, signalled, folded = self._claim_batch(
+            worker_id,
+            queues,
+            limits,
+            masks=masks,
+            total=total,
+            lease_seconds=lease_seconds,
+            fold_first=True,
         )
         if not signalled:
-            return ClaimRound(claimed)
-        folded = self.fold_partition_signals()
+            return ClaimRound(claimed, folded)
+        folded += self.fold_partition_signals()
         got = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
@@ -695,7 +734,7 @@ class QueueStore:
             max(0, limit - got[queue]) for queue, limit in zip(queues, limits, strict=True)
         ]
         if folded and total > len(claimed) and any(remaining):
-            more, _ = self._claim_batch(
+            more, _, _ = self._claim_batch(
                 worker_id,
                 queues,
                 remaining,
@@ -715,16 +754,26 @@ class QueueStore:
         masks: Sequence[str | None],
         total: int,
         lease_seconds: float,
-    ) -> tuple[list[ClaimedJob], bool]:
-        result = self._run(
-            "claim_batch",
-            queues=list(queues),
-            bucket_masks=masks,
-            queue_limits=limits,
-            total_limit=total,
-            worker_id=worker_id,
-            lease_seconds=lease_seconds,
+        fold_first: bool = False,
+    ) -> tuple[list[ClaimedJob], bool, int]:
+        claim = (
+            QUERIES["claim_batch"],
+            {
+                "queues": list(queues),
+                "bucket_masks": masks,
+                "queue_limits": limits,
+                "total_limit": total,
+                "worker_id": worker_id,
+                "lease_seconds": lease_seconds,
+            },
         )
+        folded = 0
+        if fold_first:
+            fold = (QUERIES["fold_partition_signals"], {"batch_size": FOLD_BATCH})
+            fold_result, result = self.runner.run_many([fold, claim])
+            folded = int(fold_result.rows[0][0] or 0)
+        else:
+            result = self.runner.run(*claim)
         claimed = []
         loads = json.loads
         signalled = False
@@ -755,9 +804,9 @@ class QueueStore:
                     unknown_task_since=row[17],
                 )
             )
-        return claimed, signalled
+        return claimed, signalled, folded
 
-    def fold_partition_signals(self, *, batch_size: int = 1000) -> int:
+    def fold_partition_signals(self, *, batch_size: int = FOLD_BATCH) -> int:
         """Refresh the partitions producers signalled; return how many were refreshed.
 
         Its own statement (autocommit on a worker's connection): it locks partition rows

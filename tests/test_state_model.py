@@ -97,7 +97,9 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.conn = self.store.runner.connection  # type: ignore[attr-defined]
-        self.conn.execute("TRUNCATE django_pgqueue_job")
+        self.conn.execute(
+            "TRUNCATE django_pgqueue_job, django_pgqueue_partition, django_pgqueue_partition_signal"
+        )
         self.model: dict[int, ModelJob] = {}
         self.now = 0
         self.seen_status: dict[int, JobStatus] = {}
