@@ -464,6 +464,29 @@ class TableHealth:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueTotals:
+    """One queue's finished attempts over a recent window, from the per-minute counters."""
+
+    queue: str
+    succeeded: int
+    failed: int
+    dead_lettered: int
+    #: Longest time a job claimed in the window had been ready, in milliseconds.
+    wait_ms_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWorkers:
+    """How many registered workers serve one queue, by liveness."""
+
+    queue: str
+    live: int
+    draining: int
+    #: Alive or draining but not heard from within the worker timeout.
+    silent: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetterGroup:
     """Dead letters of one task that failed with one error class."""
 
@@ -1138,6 +1161,20 @@ class QueueStore:
             return {}
         rows = self._run("jobs_in_flight", worker_ids=list(worker_ids)).dicts()
         return {row["worker_id"]: WorkerLoad(**row) for row in rows}
+
+    # ------------------------------------------------------------------ metrics (read-only)
+    # sql/metrics.sql: what django_pgqueue.metrics adds to the admin's queries.
+    def queue_finished_totals(self, queues: Sequence[str], *, minutes: int) -> list[QueueTotals]:
+        """Return each queue's finished attempts over the last ``minutes``, sorted by queue."""
+        rows = self._run("queue_finished_totals", queues=list(queues), minutes=minutes).dicts()
+        return [QueueTotals(**row) for row in rows]
+
+    def queue_workers(self, queues: Sequence[str], *, timeout_seconds: float) -> list[QueueWorkers]:
+        """Return how many live, draining and silent workers serve each queue."""
+        rows = self._run(
+            "queue_workers", queues=list(queues), timeout_seconds=timeout_seconds
+        ).dicts()
+        return [QueueWorkers(**row) for row in rows]
 
     # ------------------------------------------------------------------ schema (catalog)
     # sql/schema.sql: the migrations' index helper, system check W002 and the lag page.

@@ -25,6 +25,7 @@ import psycopg
 PAGES: list[tuple[str, str, tuple[Any, ...] | None, str]] = [
     ("inbox", "admin:django_pgqueue_job_changelist", None, ""),
     ("inbox, page 20", "admin:django_pgqueue_job_changelist", None, "p=20"),
+    ("metrics scrape (all queues)", "pgqueue-metrics", None, ""),
     ("inbox, status=pending", "admin:django_pgqueue_job_changelist", None, "status=pending"),
     ("inbox, status=ready", "admin:django_pgqueue_job_changelist", None, "status=ready"),
     ("inbox, status=scheduled", "admin:django_pgqueue_job_changelist", None, "status=scheduled"),
