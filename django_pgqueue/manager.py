@@ -487,6 +487,17 @@ class QueueWorkers:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """A registry row that is not dead, and how long it has been silent."""
+
+    worker_id: str
+    pid: int
+    status: str
+    #: Seconds since its last heartbeat, on the database's clock.
+    silent_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class DeadLetterGroup:
     """Dead letters of one task that failed with one error class."""
 
@@ -1175,6 +1186,15 @@ class QueueStore:
             "queue_workers", queues=list(queues), timeout_seconds=timeout_seconds
         ).dicts()
         return [QueueWorkers(**row) for row in rows]
+
+    # ------------------------------------------------------------------ probes (read-only)
+    # sql/health.sql: manage.py queuehealth.
+    def worker_heartbeats(
+        self, *, hostname: str | None = None, worker_id: str | None = None
+    ) -> list[WorkerHeartbeat]:
+        """Return the registry rows that are not dead of ``hostname`` or ``worker_id``."""
+        rows = self._run("worker_heartbeats", hostname=hostname, worker_id=worker_id).dicts()
+        return [WorkerHeartbeat(**row) for row in rows]
 
     # ------------------------------------------------------------------ schema (catalog)
     # sql/schema.sql: the migrations' index helper, system check W002 and the lag page.
