@@ -38,6 +38,7 @@ from .execution import InFlight, JobRunner, Outcome, OutcomeKind, TaskResolver
 from .heartbeat import Heartbeat
 from .housekeeping import Housekeeper
 from .listener import Listener
+from .logfields import job_extra
 from .options import WorkerOptions
 from .pools import AsyncRunner, ThreadPool
 
@@ -344,6 +345,7 @@ class Worker:
                 job.queue,
                 job.attempts,
                 job.max_attempts,
+                extra=job_extra(job),
             )
         if entry.is_async:
             self._async.submit(flight)
@@ -383,6 +385,7 @@ class Worker:
                 job.task_path,
                 error.reason,
                 window,
+                extra=job_extra(job),
             )
         # Back off from 1 to 60 seconds without burning an attempt.
         delay = min(60.0, max(1.0, waited / 4))
@@ -509,6 +512,7 @@ class Worker:
                 "job %s: its outcome could not be recorded; its lease will expire and it "
                 "will be retried",
                 flight.job.id,
+                extra=job_extra(flight.job),
             )
             self._finish(outcome, "not recorded")
 
@@ -525,6 +529,7 @@ class Worker:
                 "note instead of the result",
                 lease.job_id,
                 type(error).__name__,
+                extra=job_extra(outcome.flight.job),
             )
             note = json.dumps(
                 {
@@ -551,6 +556,7 @@ class Worker:
                     "plain failure",
                     lease.job_id,
                     type(error).__name__,
+                    extra=job_extra(outcome.flight.job),
                 )
                 plain = Failure(
                     exception_class=storable_text(failure.exception_class, 255),
@@ -590,7 +596,11 @@ class Worker:
                 outcome.duration,
             )
             if failure is None:
-                job_logger.info(message, *args)
+                job_logger.info(
+                    message,
+                    *args,
+                    extra=job_extra(job, outcome=label, duration=outcome.duration),
+                )
             elif label == "dead-lettered" and failure.traceback:
                 # The traceback once, where someone will look: retries get one line each.
                 job_logger.error(
@@ -599,10 +609,15 @@ class Worker:
                     failure.exception_class,
                     failure.message,
                     failure.traceback.rstrip(),
+                    extra=job_extra(job, outcome=label, duration=outcome.duration),
                 )
             else:
                 job_logger.warning(
-                    message + " error=%s: %s", *args, failure.exception_class, failure.message
+                    message + " error=%s: %s",
+                    *args,
+                    failure.exception_class,
+                    failure.message,
+                    extra=job_extra(job, outcome=label, duration=outcome.duration),
                 )
 
     # ------------------------------------------------------------------ statistics
@@ -653,6 +668,7 @@ class Worker:
                 "job %s: lease lost (generation %d); abandoning it, its result will be dropped",
                 flight.job.id,
                 flight.job.lease_generation,
+                extra=job_extra(flight.job),
             )
             self._abandon(flight)
 
@@ -703,6 +719,7 @@ class Worker:
                 "and then fails with JobTimeout",
                 flight.job.id,
                 flight.entry.timeout,
+                extra=job_extra(flight.job),
             )
 
     # ------------------------------------------------------------------ shutdown
