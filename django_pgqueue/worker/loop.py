@@ -33,6 +33,7 @@ from ..manager import ClaimedJob, Failure, Lease, QueueCounts
 from ..retry import RetryPolicy
 from ..states import JobStatus, WorkerStatus
 from ..storable import storable_failure, storable_text
+from . import observe
 from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 from .execution import InFlight, JobRunner, Outcome, OutcomeKind, TaskResolver
 from .heartbeat import Heartbeat
@@ -271,6 +272,7 @@ class Worker:
         whether claiming again at once is worthwhile (a queue filled its share, or the
         claim stopped at its total while jobs may remain)."""
         queues, masks, limits = self._shares(limit)
+        sent_at = time.perf_counter()
         round_ = self._slot.run(
             lambda store: store.claim_round(
                 self.id,
@@ -282,6 +284,7 @@ class Worker:
             )
         )
         claimed = round_.jobs
+        observe.current.claimed(len(claimed), time.perf_counter() - sent_at)
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
@@ -337,6 +340,7 @@ class Worker:
         flight = InFlight(job, entry)
         with self._flights_lock:
             self._flights[flight.key] = flight
+        observe.current.job_started(job)
         if job_logger.isEnabledFor(logging.INFO):
             job_logger.info(
                 "job %s started: task=%s queue=%s attempt=%d/%d",
@@ -583,6 +587,7 @@ class Worker:
         if flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
             self.processed += 1
         self._count(job.queue, label)
+        observe.current.job_finished(job, label, outcome.duration)
         failure = outcome.failure if label != "succeeded" else None
         if job_logger.isEnabledFor(logging.WARNING if failure else logging.INFO):
             message = "job %s %s: task=%s queue=%s attempt=%d/%d duration=%.3fs"
@@ -663,6 +668,7 @@ class Worker:
                 for lease in leases
                 if (flight := self._flights.get((lease.job_id, lease.lease_generation))) is not None
             ]
+        observe.current.leases_lost(len(lost))
         for flight in lost:
             logger.warning(
                 "job %s: lease lost (generation %d); abandoning it, its result will be dropped",
