@@ -10,6 +10,7 @@ and prepared statements). :class:`JobManager` is ``Job.objects``: the public ent
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from .payload import check_key, encode_arguments
 from .retry import RetryPolicy
 from .sql import QUERIES, Query
 from .states import JobStatus
+from .tracing import current_traceparent
 
 if TYPE_CHECKING:
     import psycopg
@@ -78,6 +80,9 @@ class JobSpec:
     available_at: datetime | None = None
     idempotency_key: str | None = None
     partition_key: str | None = None
+    #: W3C traceparent of the span that enqueued the job (None: the current span's, if
+    #: OpenTelemetry is installed and a span is active).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,7 @@ class JobSnapshot:
     partition_bucket: int | None
     step: str | None
     unknown_task_since: datetime | None
+    traceparent: str | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -220,6 +226,8 @@ class ClaimedJob:
     worker_id: str
     #: When a worker first found this job's task unknown (None: no worker has yet).
     unknown_task_since: datetime | None = None
+    #: W3C traceparent of the span that enqueued it (None: none was active, or no tracing).
+    traceparent: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -783,6 +791,7 @@ class QueueStore:
                     prior_workers=loads(row[16]),
                     worker_id=worker_id,
                     unknown_task_since=row[17],
+                    traceparent=row[18],
                 )
             )
         return claimed, signalled
@@ -1216,10 +1225,14 @@ class _Defaults:
     max_attempts: int
     payload_limit: int
     use_tz: bool
+    #: The active span's W3C traceparent (None without OpenTelemetry or without a span).
+    traceparent: str | None
 
     @classmethod
     def read(cls) -> _Defaults:
-        return cls(conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ)
+        return cls(
+            conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ, current_traceparent()
+        )
 
 
 def _validated(
@@ -1294,7 +1307,25 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         "idempotency_key": idempotency_key,
         "partition_key": partition_key,
         "partition_bucket": None if partition_key is None else bucket_for(partition_key),
+        "traceparent": _traceparent(spec.traceparent, defaults),
     }
+
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[^\x00]*)?$")
+#: Longer than any W3C traceparent version yet (55 characters for version 00).
+TRACEPARENT_MAX_LENGTH = 256
+
+
+def _traceparent(given: str | None, defaults: _Defaults) -> str | None:
+    if given is None:
+        return defaults.traceparent
+    if (
+        not isinstance(given, str)
+        or len(given) > TRACEPARENT_MAX_LENGTH
+        or not _TRACEPARENT.match(given)
+    ):
+        raise InvalidOption("traceparent", f"must be a W3C traceparent header, not {given!r}")
+    return given
 
 
 def _jobs_document(prepared: list[dict[str, Any]]) -> str:
@@ -1320,7 +1351,7 @@ def _jobs_document(prepared: list[dict[str, Any]]) -> str:
             f"{p['priority']},{p['max_attempts']},"
             f"{'null' if available_at is None else json.dumps(available_at.isoformat())},"
             f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
-            f"{'null' if bucket is None else bucket}]"
+            f"{'null' if bucket is None else bucket},{text(p['traceparent'])}]"
         )
     return "[" + ",".join(parts) + "]"
 
@@ -1356,6 +1387,7 @@ def _new_snapshot(
         partition_bucket=params["partition_bucket"],
         step=None,
         unknown_task_since=None,
+        traceparent=params["traceparent"],
     )
 
 
