@@ -37,7 +37,11 @@ for index in range(10):
 def test_enqueue_and_a_burst_worker_through_pgbouncer(db_url, observer, monkeypatch):
     monkeypatch.setenv("PGQUEUE_TEST_PGBOUNCER", "1")
     with pgbouncer(db_url) as bouncer_url:
-        env = {**os.environ, "DATABASE_URL": bouncer_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": bouncer_url,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+        }
         subprocess.run(
             [sys.executable, "-m", "tests.manage", "shell", "-c", ENQUEUE],
             cwd=REPO,
