@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json as _json
 import os as _os
+from typing import Any as _Any
 
 import django
 
@@ -59,7 +60,7 @@ if _os.environ.get("PGQUEUE_TEST_PREPARED_STATEMENTS"):
     # Django's opt-in to server-side binding and prepared statements (queuebench runs).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 2}
 
-TASKS = {
+TASKS: dict[str, dict[str, _Any]] = {
     "default": {
         "BACKEND": "django_pgqueue.backend.PgQueueBackend",
         "QUEUES": ["default", "emails", "reports", "high", "low"],

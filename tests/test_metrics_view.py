@@ -166,3 +166,26 @@ def test_a_bad_token_setting_is_a_configuration_error(token):
         pytest.raises(ConfigurationError, match="PGQUEUE_METRICS_TOKEN"),
     ):
         conf.METRICS_TOKEN  # noqa: B018
+
+
+def test_the_dashboard_and_alerts_use_only_metrics_that_exist(client):
+    import re
+    from pathlib import Path
+
+    from django_pgqueue.metrics.worker import WorkerMetrics
+    from tests.database import REPO
+
+    enqueue(queue="emails")  # so that every per-queue family has a sample
+    names = {name for name, _ in scrape(client)}
+    worker = WorkerMetrics()
+    for family in worker.registry.collect():
+        names.update(sample.name for sample in family.samples)
+        names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_count", "_sum", "_total"))
+    used = set()
+    for document in ("grafana-dashboard.json", "prometheus-alerts.yml"):
+        text = (REPO / "docs" / "ops" / document).read_text()
+        used |= set(re.findall(r"\bpgqueue_[a-z0-9_]+", text))
+    assert used, "no metric found in the documents"
+    assert used <= names, sorted(used - names)
+    assert json.loads((REPO / "docs" / "ops" / "grafana-dashboard.json").read_text())["panels"]
+    assert Path(REPO / "docs" / "ops" / "prometheus-alerts.yml").exists()
