@@ -49,8 +49,12 @@ venv: $(STAMP)
 browser:
 	@.ci/ensure-browser
 
+.PHONY: pgbouncer
+pgbouncer:
+	@.ci/ensure-pgbouncer
+
 .PHONY: test
-test: venv browser
+test: venv browser pgbouncer
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 .PHONY: lint

@@ -62,6 +62,7 @@ SETTING_CHECK_IDS = {
     "NOTIFY_CHANNEL": "django_pgqueue.E119",
     "PARTITION_VNODES": "django_pgqueue.E120",
     # E121 was PARTITION_SCAN_LIMIT, removed with migration 0004 (no more scan window).
+    "METRICS_TOKEN": "django_pgqueue.E122",
 }
 
 

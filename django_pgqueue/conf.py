@@ -74,6 +74,11 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
     ),
     SettingSpec("NOTIFY_CHANNEL", "django_pgqueue", "LISTEN/NOTIFY channel for wake-ups."),
     SettingSpec("PARTITION_VNODES", 32, "Points per worker on the partition hash ring."),
+    SettingSpec(
+        "METRICS_TOKEN",
+        None,
+        "Bearer token a scraper sends to the metrics view (None: staff users only).",
+    ),
 )
 
 
@@ -220,6 +225,19 @@ class Settings:
     def PARTITION_VNODES(self) -> int:  # noqa: N802
         """Points per worker on the partition hash ring."""
         return self._int("PARTITION_VNODES", minimum=1, maximum=1024)
+
+    @property
+    def METRICS_TOKEN(self) -> str | None:  # noqa: N802
+        """Bearer token of the metrics view; None lets only staff users in."""
+        value = self._raw("METRICS_TOKEN")
+        if value is None:
+            return None
+        if not isinstance(value, str) or len(value) < 16 or value != value.strip():
+            raise ConfigurationError(
+                "PGQUEUE_METRICS_TOKEN must be None or a string of 16 characters or more "
+                "without surrounding spaces"
+            )
+        return value
 
     def problems(self) -> list[tuple[str, str]]:
         """Return ``(setting, message)`` for every invalid setting (used by the checks)."""

@@ -10,6 +10,7 @@ and prepared statements). :class:`JobManager` is ``Job.objects``: the public ent
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,6 +29,7 @@ from .payload import check_key, check_text, encode_arguments
 from .retry import RetryPolicy
 from .sql import QUERIES, Query
 from .states import JobStatus
+from .tracing import current_traceparent
 
 if TYPE_CHECKING:
     import psycopg
@@ -83,6 +85,9 @@ class JobSpec:
     available_at: datetime | None = None
     idempotency_key: str | None = None
     partition_key: str | None = None
+    #: W3C traceparent of the span that enqueued the job (None: the current span's, if
+    #: OpenTelemetry is installed and a span is active).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +120,7 @@ class JobSnapshot:
     partition_bucket: int | None
     step: str | None
     unknown_task_since: datetime | None
+    traceparent: str | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -225,6 +231,8 @@ class ClaimedJob:
     worker_id: str
     #: When a worker first found this job's task unknown (None: no worker has yet).
     unknown_task_since: datetime | None = None
+    #: W3C traceparent of the span that enqueued it (None: none was active, or no tracing).
+    traceparent: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -496,6 +504,40 @@ class TableHealth:
         """Return the share of dead tuples among all tuples (0 for an empty table)."""
         total = self.live_tuples + self.dead_tuples
         return self.dead_tuples / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTotals:
+    """One queue's finished attempts over a recent window, from the per-minute counters."""
+
+    queue: str
+    succeeded: int
+    failed: int
+    dead_lettered: int
+    #: Longest time a job claimed in the window had been ready, in milliseconds.
+    wait_ms_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWorkers:
+    """How many registered workers serve one queue, by liveness."""
+
+    queue: str
+    live: int
+    draining: int
+    #: Alive or draining but not heard from within the worker timeout.
+    silent: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """A registry row that is not dead, and how long it has been silent."""
+
+    worker_id: str
+    pid: int
+    status: str
+    #: Seconds since its last heartbeat, on the database's clock.
+    silent_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -802,6 +844,7 @@ class QueueStore:
                     prior_workers=loads(row[16]),
                     worker_id=worker_id,
                     unknown_task_since=row[17],
+                    traceparent=row[18],
                 )
             )
         return claimed, signalled, folded
@@ -1200,6 +1243,29 @@ class QueueStore:
         rows = self._run("jobs_in_flight", worker_ids=list(worker_ids)).dicts()
         return {row["worker_id"]: WorkerLoad(**row) for row in rows}
 
+    # ------------------------------------------------------------------ metrics (read-only)
+    # sql/metrics.sql: what django_pgqueue.metrics adds to the admin's queries.
+    def queue_finished_totals(self, queues: Sequence[str], *, minutes: int) -> list[QueueTotals]:
+        """Return each queue's finished attempts over the last ``minutes``, sorted by queue."""
+        rows = self._run("queue_finished_totals", queues=list(queues), minutes=minutes).dicts()
+        return [QueueTotals(**row) for row in rows]
+
+    def queue_workers(self, queues: Sequence[str], *, timeout_seconds: float) -> list[QueueWorkers]:
+        """Return how many live, draining and silent workers serve each queue."""
+        rows = self._run(
+            "queue_workers", queues=list(queues), timeout_seconds=timeout_seconds
+        ).dicts()
+        return [QueueWorkers(**row) for row in rows]
+
+    # ------------------------------------------------------------------ probes (read-only)
+    # sql/health.sql: manage.py queuehealth.
+    def worker_heartbeats(
+        self, *, hostname: str | None = None, worker_id: str | None = None
+    ) -> list[WorkerHeartbeat]:
+        """Return the registry rows that are not dead of ``hostname`` or ``worker_id``."""
+        rows = self._run("worker_heartbeats", hostname=hostname, worker_id=worker_id).dicts()
+        return [WorkerHeartbeat(**row) for row in rows]
+
     # ------------------------------------------------------------------ schema (catalog)
     # sql/schema.sql: the migrations' index helper, system check W002 and the lag page.
     def index_validity(self, table_name: str, index_name: str) -> bool | None:
@@ -1220,10 +1286,14 @@ class _Defaults:
     max_attempts: int
     payload_limit: int
     use_tz: bool
+    #: The active span's W3C traceparent (None without OpenTelemetry or without a span).
+    traceparent: str | None
 
     @classmethod
     def read(cls) -> _Defaults:
-        return cls(conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ)
+        return cls(
+            conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ, current_traceparent()
+        )
 
 
 def _validated(
@@ -1298,7 +1368,25 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         "idempotency_key": idempotency_key,
         "partition_key": partition_key,
         "partition_bucket": None if partition_key is None else bucket_for(partition_key),
+        "traceparent": _traceparent(spec.traceparent, defaults),
     }
+
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[^\x00]*)?$")
+#: Longer than any W3C traceparent version yet (55 characters for version 00).
+TRACEPARENT_MAX_LENGTH = 256
+
+
+def _traceparent(given: str | None, defaults: _Defaults) -> str | None:
+    if given is None:
+        return defaults.traceparent
+    if (
+        not isinstance(given, str)
+        or len(given) > TRACEPARENT_MAX_LENGTH
+        or not _TRACEPARENT.match(given)
+    ):
+        raise InvalidOption("traceparent", f"must be a W3C traceparent header, not {given!r}")
+    return given
 
 
 def _jobs_document(prepared: list[dict[str, Any]]) -> str:
@@ -1324,7 +1412,7 @@ def _jobs_document(prepared: list[dict[str, Any]]) -> str:
             f"{p['priority']},{p['max_attempts']},"
             f"{'null' if available_at is None else json.dumps(available_at.isoformat())},"
             f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
-            f"{'null' if bucket is None else bucket}]"
+            f"{'null' if bucket is None else bucket},{text(p['traceparent'])}]"
         )
     return "[" + ",".join(parts) + "]"
 
@@ -1360,6 +1448,7 @@ def _new_snapshot(
         partition_bucket=params["partition_bucket"],
         step=None,
         unknown_task_since=None,
+        traceparent=params["traceparent"],
     )
 
 

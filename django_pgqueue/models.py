@@ -114,6 +114,13 @@ class Job(models.Model):
         db_comment="When a worker first could not import the task: the start of the "
         "unknown-task window (the time the job was ready). NULL once a worker knows it.",
     )
+    traceparent = models.TextField(  # noqa: DJ001
+        _("trace parent"),
+        null=True,
+        blank=True,
+        db_comment="W3C traceparent of the span that enqueued the job (OpenTelemetry); "
+        "each attempt's span links to it.",
+    )
 
     objects: ClassVar[JobManager] = JobManager()
 

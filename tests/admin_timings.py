@@ -1,4 +1,4 @@
-"""Time the admin pages on a seeded million-row job table (a measurement, not a test).
+"""Time the admin pages and the metrics scrape on a million-row job table (not a test).
 
 Usage, against a scratch database (created and migrated if needed, seeded if empty)::
 
@@ -25,6 +25,7 @@ import psycopg
 PAGES: list[tuple[str, str, tuple[Any, ...] | None, str]] = [
     ("inbox", "admin:django_pgqueue_job_changelist", None, ""),
     ("inbox, page 20", "admin:django_pgqueue_job_changelist", None, "p=20"),
+    ("metrics scrape (all queues)", "pgqueue-metrics", None, ""),
     ("inbox, status=pending", "admin:django_pgqueue_job_changelist", None, "status=pending"),
     ("inbox, status=ready", "admin:django_pgqueue_job_changelist", None, "status=ready"),
     ("inbox, status=scheduled", "admin:django_pgqueue_job_changelist", None, "status=scheduled"),
@@ -69,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--finished", type=int, default=1_000_000)
+    parser.add_argument("--only", default="", help="Time only the pages whose label has this.")
     options = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("Set DATABASE_URL to a scratch database (it is migrated and seeded).")
@@ -127,6 +129,8 @@ def main() -> None:
 
     print(f"\n{'page':34} {'median':>8} {'min':>8} {'max':>8} {'queries':>8}")
     for label, name, args, query in PAGES:
+        if options.only not in label:
+            continue
         path = reverse(name, args=[str(a).format(**values) for a in args] if args else None)
         target = f"{path}?{query.format(**values)}" if query else path
         samples = []

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json as _json
 import os as _os
+from typing import Any as _Any
 
 import django
 
+from django_pgqueue.embedded import database_settings
 from tests.database import database_url, django_database
 
 SECRET_KEY = "django-pgqueue-tests-only"
@@ -58,12 +60,27 @@ if _os.environ.get("PGQUEUE_TEST_PREPARED_STATEMENTS"):
     # Django's opt-in to server-side binding and prepared statements (queuebench runs).
     DATABASES["default"]["OPTIONS"] = {"server_side_binding": True, "prepare_threshold": 2}
 
-TASKS = {
+TASKS: dict[str, dict[str, _Any]] = {
     "default": {
         "BACKEND": "django_pgqueue.backend.PgQueueBackend",
         "QUEUES": ["default", "emails", "reports", "high", "low"],
     }
 }
+
+if _os.environ.get("PGQUEUE_TEST_PGBOUNCER"):
+    # PgBouncer in transaction mode (before 1.21) keeps no prepared statements and no
+    # server-side cursors across transactions.
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": None}
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+
+if _os.environ.get("PGQUEUE_TEST_SECOND_DATABASE_URL"):
+    # A second queue on a database of its own (tests/test_two_databases.py workers).
+    DATABASES["second"] = database_settings(_os.environ["PGQUEUE_TEST_SECOND_DATABASE_URL"])
+    TASKS["second"] = {
+        "BACKEND": "django_pgqueue.backend.PgQueueBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"DATABASE": "second"},
+    }
 
 PGQUEUE_RETRY_BASE_SECONDS = 0.05
 PGQUEUE_RETRY_MAX_SECONDS = 1.0

@@ -112,6 +112,7 @@ BAD_VALUES = {
     "UNKNOWN_TASK_TIMEOUT_SECONDS": -1,
     "NOTIFY_CHANNEL": "no spaces; allowed",
     "PARTITION_VNODES": 0,
+    "METRICS_TOKEN": "short",
 }
 
 

@@ -1,6 +1,11 @@
-"""URLs of the test project: the admin."""
+"""URLs of the test project: the admin and the metrics view."""
 
 from django.contrib import admin
 from django.urls import path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+from django_pgqueue.metrics.views import metrics_view
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("metrics/", metrics_view, name="pgqueue-metrics"),
+]

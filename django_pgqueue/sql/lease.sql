@@ -144,7 +144,7 @@ claimed AS (
         job.max_attempts, job.lease_generation, job.step, job.partition_key,
         job.idempotency_key, job.created_at, job.available_at, job.claimed_at,
         job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers,
-        job.unknown_task_since
+        job.unknown_task_since, job.traceparent
 ),
 running AS (
     -- The partition rows were locked by idle_partitions above.
@@ -159,7 +159,7 @@ SELECT claimed.*, (SELECT count(*) FROM running) AS partitions_started, false AS
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL, NULL, (SELECT count(*) FROM running),
+    NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM running),
     EXISTS (SELECT 1 FROM django_pgqueue_partition_signal)
 
 

@@ -35,6 +35,7 @@ from ..exceptions import (
 )
 from ..manager import ClaimedJob, DjangoRunner, Failure, QueueStore
 from ..payload import StoredResult, encode_result
+from ..tracing import attempt_span, record_exception, set_outcome
 
 __all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
 
@@ -170,6 +171,22 @@ class Outcome:
     duration: float = 0.0
     #: Set once the outcome is recorded, so a retry after a connection loss skips it.
     written: bool = False
+
+
+_SPAN_OUTCOMES = {
+    OutcomeKind.SUCCEEDED: "succeeded",
+    OutcomeKind.COMMITTED: "succeeded",
+    OutcomeKind.FAILED: "failed",
+    OutcomeKind.RELEASE: "released",
+    OutcomeKind.LOST: "lease_lost",
+}
+
+
+def _span_outcome(flight: InFlight, outcome: Outcome) -> str:
+    # A sync handler past its timeout is failed with JobTimeout once it returns.
+    if flight.overdue:
+        return "timeout"
+    return "abandoned" if flight.abandoned else _SPAN_OUTCOMES[outcome.kind]
 
 
 def failure_from(error: BaseException, *, permanent: bool = False) -> Failure:
@@ -312,6 +329,7 @@ class JobRunner:
     ) -> Outcome:
         """Report a failed attempt; call it inside the ``except`` block (for exc_info)."""
         error = self._explain(raised, flight, args)
+        record_exception(error)
         self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
         return Outcome(
             flight,
@@ -336,7 +354,13 @@ class JobRunner:
 
     # ------------------------------------------------------------------ sync tasks
     def run_sync(self, flight: InFlight) -> Outcome:
-        """Run a sync task in this thread and return its outcome."""
+        """Run a sync task in this thread (in a trace span) and return its outcome."""
+        with attempt_span(flight.job) as span:
+            outcome = self._run_sync(flight)
+            set_outcome(span, _span_outcome(flight, outcome))
+            return outcome
+
+    def _run_sync(self, flight: InFlight) -> Outcome:
         entry = flight.entry
         assert entry is not None
         job = flight.job
@@ -397,7 +421,13 @@ class JobRunner:
 
     # ------------------------------------------------------------------ async tasks
     async def run_async(self, flight: InFlight) -> Outcome:
-        """Run a coroutine task on the current event loop and return its outcome."""
+        """Run a coroutine task (in a trace span) and return its outcome."""
+        with attempt_span(flight.job) as span:
+            outcome = await self._run_async(flight)
+            set_outcome(span, _span_outcome(flight, outcome))
+            return outcome
+
+    async def _run_async(self, flight: InFlight) -> Outcome:
         entry = flight.entry
         assert entry is not None
         job = flight.job

@@ -27,6 +27,7 @@ from typing import Any
 
 from ..manager import Lease, QueueCounts
 from ..partition import BUCKET_COUNT, HashRing
+from . import observe
 from .connection import CONNECTION_ERRORS, ConnectionSlot
 
 __all__ = ["Heartbeat", "bucket_masks"]
@@ -147,6 +148,7 @@ class Heartbeat(threading.Thread):
             self._on_leases_extended(extension.held, sent_at)
             kept = extension.held | extension.busy
             lost = [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
+            observe.current.leases_extended(len(leases) - len(lost))
             if lost:
                 self._on_leases_lost(lost)
         # Shown in the admin: a handler past its timeout that Python cannot stop.

@@ -33,11 +33,13 @@ from ..manager import ClaimedJob, Failure, Lease, QueueCounts
 from ..retry import RetryPolicy
 from ..states import JobStatus, WorkerStatus
 from ..storable import storable_failure, storable_text
+from . import observe
 from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 from .execution import InFlight, JobRunner, Outcome, OutcomeKind, TaskResolver
 from .heartbeat import Heartbeat
 from .housekeeping import Housekeeper
 from .listener import Listener
+from .logfields import job_extra
 from .options import WorkerOptions
 from .pools import AsyncRunner, ThreadPool
 
@@ -274,6 +276,7 @@ class Worker:
         queues, masks, limits = self._shares(limit)
         # Taken before the claim is sent: the database's lease starts no earlier.
         self._claim_sent_at = time.monotonic()
+        sent_at = time.perf_counter()
         round_ = self._slot.run(
             lambda store: store.claim_round(
                 self.id,
@@ -285,6 +288,7 @@ class Worker:
             )
         )
         claimed = round_.jobs
+        observe.current.claimed(len(claimed), time.perf_counter() - sent_at)
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
@@ -342,6 +346,7 @@ class Worker:
         )
         with self._flights_lock:
             self._flights[flight.key] = flight
+        observe.current.job_started(job)
         if job_logger.isEnabledFor(logging.INFO):
             job_logger.info(
                 "job %s started: task=%s queue=%s attempt=%d/%d",
@@ -350,6 +355,7 @@ class Worker:
                 job.queue,
                 job.attempts,
                 job.max_attempts,
+                extra=job_extra(job),
             )
         if entry.is_async:
             self._async.submit(flight)
@@ -389,6 +395,7 @@ class Worker:
                 job.task_path,
                 error.reason,
                 window,
+                extra=job_extra(job),
             )
         # Back off from 1 to 60 seconds without burning an attempt.
         delay = min(60.0, max(1.0, waited / 4))
@@ -515,6 +522,7 @@ class Worker:
                 "job %s: its outcome could not be recorded; its lease will expire and it "
                 "will be retried",
                 flight.job.id,
+                extra=job_extra(flight.job),
             )
             self._finish(outcome, "not recorded")
 
@@ -531,6 +539,7 @@ class Worker:
                 "note instead of the result",
                 lease.job_id,
                 type(error).__name__,
+                extra=job_extra(outcome.flight.job),
             )
             note = json.dumps(
                 {
@@ -557,6 +566,7 @@ class Worker:
                     "plain failure",
                     lease.job_id,
                     type(error).__name__,
+                    extra=job_extra(outcome.flight.job),
                 )
                 plain = Failure(
                     exception_class=storable_text(failure.exception_class, 255),
@@ -583,6 +593,7 @@ class Worker:
         if flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
             self.processed += 1
         self._count(job.queue, label)
+        observe.current.job_finished(job, label, outcome.duration)
         failure = outcome.failure if label != "succeeded" else None
         if job_logger.isEnabledFor(logging.WARNING if failure else logging.INFO):
             message = "job %s %s: task=%s queue=%s attempt=%d/%d duration=%.3fs"
@@ -596,7 +607,11 @@ class Worker:
                 outcome.duration,
             )
             if failure is None:
-                job_logger.info(message, *args)
+                job_logger.info(
+                    message,
+                    *args,
+                    extra=job_extra(job, outcome=label, duration=outcome.duration),
+                )
             elif label == "dead-lettered" and failure.traceback:
                 # The traceback once, where someone will look: retries get one line each.
                 job_logger.error(
@@ -605,10 +620,15 @@ class Worker:
                     failure.exception_class,
                     failure.message,
                     failure.traceback.rstrip(),
+                    extra=job_extra(job, outcome=label, duration=outcome.duration),
                 )
             else:
                 job_logger.warning(
-                    message + " error=%s: %s", *args, failure.exception_class, failure.message
+                    message + " error=%s: %s",
+                    *args,
+                    failure.exception_class,
+                    failure.message,
+                    extra=job_extra(job, outcome=label, duration=outcome.duration),
                 )
 
     # ------------------------------------------------------------------ statistics
@@ -668,11 +688,13 @@ class Worker:
                 # An atomic task that committed finished its job: not lost, done.
                 and not flight.committed
             ]
+        observe.current.leases_lost(len(lost))
         for flight in lost:
             logger.warning(
                 "job %s: lease lost (generation %d); abandoning it, its result will be dropped",
                 flight.job.id,
                 flight.job.lease_generation,
+                extra=job_extra(flight.job),
             )
             self._abandon(flight)
 
@@ -723,6 +745,7 @@ class Worker:
                 "and then fails with JobTimeout",
                 flight.job.id,
                 flight.entry.timeout,
+                extra=job_extra(flight.job),
             )
 
     # ------------------------------------------------------------------ shutdown

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import close_old_connections, connections
 
 from .execution import InFlight, Outcome, OutcomeKind, failure_from
+from .logfields import job_extra
 
 __all__ = ["AsyncRunner", "ThreadPool"]
 
@@ -82,7 +83,11 @@ class ThreadPool:
                 try:
                     outcome = self._run(flight)
                 except BaseException as error:
-                    logger.exception("job %s: the runner itself failed", flight.job.id)
+                    logger.exception(
+                        "job %s: the runner itself failed",
+                        flight.job.id,
+                        extra=job_extra(flight.job),
+                    )
                     outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
                 self._sink(outcome)
                 if self._queue.empty():
@@ -163,7 +168,11 @@ class AsyncRunner:
         except asyncio.CancelledError:
             outcome = Outcome(flight, OutcomeKind.LOST)
         except BaseException as error:
-            logger.exception("job %s: the async runner itself failed", flight.job.id)
+            logger.exception(
+                "job %s: the async runner itself failed",
+                flight.job.id,
+                extra=job_extra(flight.job),
+            )
             outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
         finally:
             self._tasks.pop(flight.key, None)

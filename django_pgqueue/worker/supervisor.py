@@ -24,6 +24,7 @@ from types import FrameType
 
 from django.db import connections
 
+from . import observe
 from .options import WorkerOptions, default_worker_id
 
 __all__ = ["Supervisor"]
@@ -81,6 +82,8 @@ class Supervisor:
                         continue
                     child.join()
                     del self._children[slot]
+                    if child.pid is not None:
+                        observe.current.process_exited(child.pid)
                     code = child.exitcode
                     if self._stop_requests:
                         continue

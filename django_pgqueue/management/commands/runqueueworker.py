@@ -66,6 +66,19 @@ class Command(BaseCommand):
             "(for development).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="Serve this process's Prometheus metrics on PORT (with --processes: the "
+            "children's, summed). Needs the metrics extra.",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",  # noqa: S104 - scraped from other hosts, like any exporter
+            metavar="ADDRESS",
+            help="Address the metrics server binds (default 0.0.0.0).",
+        )
+        parser.add_argument(
             "--no-housekeeping",
             action="store_true",
             help="Never run housekeeping (reaping, pruning) in this worker.",
@@ -81,6 +94,8 @@ class Command(BaseCommand):
             raise CommandError("--worker-id cannot be combined with --processes", returncode=2)
         if processes > 1 and options["reload"]:
             raise CommandError("--reload cannot be combined with --processes", returncode=2)
+        if options["metrics_port"] is not None and options["reload"]:
+            raise CommandError("--metrics-port cannot be combined with --reload", returncode=2)
         try:
             worker_options = WorkerOptions.from_settings(
                 backend=options["backend"],
@@ -104,6 +119,10 @@ class Command(BaseCommand):
         if options["reload"]:
             run_with_reloader(worker_options)
             return
+        if options["metrics_port"] is not None:
+            self._serve_metrics(
+                options["metrics_port"], options["metrics_addr"], multiprocess=processes > 1
+            )
         try:
             if processes > 1:
                 code = Supervisor(worker_options, processes).run()
@@ -113,6 +132,31 @@ class Command(BaseCommand):
             raise CommandError(str(error), returncode=2) from error
         if code:
             sys.exit(code)
+
+    def _serve_metrics(self, port: int, addr: str, *, multiprocess: bool) -> None:
+        """Start the metrics server before any worker runs (and before children fork)."""
+        if not 0 < port < 65536:
+            raise CommandError(f"--metrics-port must be a TCP port, not {port}", returncode=2)
+        try:
+            if multiprocess:
+                from ...metrics.multiproc import prepare_multiprocess_dir
+
+                prepare_multiprocess_dir()
+            from ...metrics.worker import serve_worker_metrics
+
+            serve_worker_metrics(port, addr)
+        except ImportError as error:
+            raise CommandError(str(error), returncode=2) from error
+        except ConfigurationError as error:
+            raise CommandError(str(error), returncode=2) from error
+        except OSError as error:
+            raise CommandError(
+                f"--metrics-port {port}: cannot listen on {addr}:{port} ({error.strerror})",
+                returncode=2,
+            ) from error
+        logging.getLogger("django_pgqueue.worker").info(
+            "serving metrics on http://%s:%d/metrics", addr, port
+        )
 
     def _require_tables(self, database: str) -> None:
         """Stop with one line, not a traceback per process, when migrate was not run."""
