@@ -191,3 +191,14 @@ def signal_probe(value: int) -> int:
 def typed_report(name: str) -> str:
     """Declared with django_pgqueue.task."""
     return name.upper()
+
+
+@task(takes_context=True)
+def scheduled_probe(context: Any, label: str = "") -> dict[str, Any]:
+    """Return the schedule and fire time the job was enqueued for (periodic tests)."""
+    fire_time = context.fire_time
+    return {
+        "schedule": context.schedule,
+        "fire_time": fire_time.isoformat() if fire_time else None,
+        "label": label,
+    }
