@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -133,9 +134,7 @@ def test_an_every_hour_expression_fires_in_both_passes_of_the_repeated_hour():
         "2026-10-25T03:00:00+01:00",
     ]
     # Each fire is a distinct instant, 30 real minutes apart.
-    assert {b - a for a, b in zip(half_hourly, half_hourly[1:], strict=False)} == {
-        timedelta(minutes=30)
-    }
+    assert {b - a for a, b in itertools.pairwise(half_hourly)} == {timedelta(minutes=30)}
 
 
 def test_a_nightly_schedule_stays_at_local_time_across_both_changes():

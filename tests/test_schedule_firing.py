@@ -61,7 +61,8 @@ def test_sync_adds_changes_and_removes(observer):
     assert changed.changed == ("a", "b")
     assert row(observer, "b")[0] == before_b
     next_a, *_rest, now = row(observer, "a")[:4]
-    assert next_a.minute % 5 == 0 and next_a <= now + timedelta(minutes=5)
+    assert next_a.minute % 5 == 0
+    assert next_a <= now + timedelta(minutes=5)
 
     gone = sync(observer, schedule("b", "@daily", kwargs={"label": "y"}))
     assert gone.removed == ("a",)
