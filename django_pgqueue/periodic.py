@@ -399,3 +399,43 @@ def task_defaults(schedule: PeriodicSchedule) -> tuple[str, int, int | None]:
     priority = schedule.priority if schedule.priority is not None else task.priority
     max_attempts = cast("int | None", getattr(task, "max_attempts", None))
     return queue, priority, max_attempts
+
+
+def schedule_backend_problem(schedule: PeriodicSchedule) -> tuple[str, str] | None:
+    """Return ``(check id, message)`` if the task or its queue cannot take the jobs."""
+    from .backend import PgQueueBackend, resolve_task
+    from .compat import task_backends
+    from .exceptions import UnknownTask
+
+    try:
+        task = resolve_task(schedule.task_path)
+    except UnknownTask as error:
+        return ("django_pgqueue.E203", str(error))
+    queue = schedule.queue_name if schedule.queue_name is not None else task.queue_name
+    backend = task_backends[task.backend] if task.backend in task_backends.settings else None
+    if not isinstance(backend, PgQueueBackend):
+        return (
+            "django_pgqueue.E203",
+            f"task {schedule.task_path} uses backend {task.backend!r}, not a PgQueueBackend",
+        )
+    if backend.queues and queue not in backend.queues:
+        return (
+            "django_pgqueue.E204",
+            f"queue {queue!r} is not in TASKS[{task.backend!r}]['QUEUES'] "
+            f"({', '.join(sorted(backend.queues))})",
+        )
+    return None
+
+
+def schedule_database(schedule: PeriodicSchedule) -> str | None:
+    """Return the database alias the schedule's jobs go to (None: the task is unknown)."""
+    from .backend import PgQueueBackend, resolve_task
+    from .compat import task_backends
+    from .exceptions import UnknownTask
+
+    try:
+        task = resolve_task(schedule.task_path)
+    except UnknownTask:
+        return None
+    backend = task_backends[task.backend] if task.backend in task_backends.settings else None
+    return backend.database if isinstance(backend, PgQueueBackend) else None

@@ -14,7 +14,7 @@ import logging
 import threading
 
 from ..exceptions import InvalidSchedule
-from ..periodic import declared_schedules
+from ..periodic import declared_schedules, schedule_database
 from ..scheduling import FireReport, fire_due, sync_schedules
 from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 
@@ -37,8 +37,10 @@ def sync_declared(slot: ConnectionSlot) -> None:
     schedules, problems = declared_schedules()
     if problems:
         raise InvalidSchedule("PGQUEUE_SCHEDULES", "declaration", problems[0][1])
+    # Each database holds the schedules of the tasks whose jobs it stores.
+    mine = [s for s in schedules.values() if schedule_database(s) in (slot.alias, None)]
     with slot.connection.transaction():
-        report = sync_schedules(slot.store, schedules.values())
+        report = sync_schedules(slot.store, mine)
     for verb, names in (
         ("added", report.added),
         ("changed", report.changed),
