@@ -1,9 +1,10 @@
 """The scheduler: fires due periodic schedules from inside every worker (no extra process).
 
-At start it syncs the schedule table with the code (one transaction under the sync
-lock). Then it loops: read the active schedules with the database clock, fire those due
-(one autocommit statement each), sleep until the next fire time (at most
-:data:`MAX_SLEEP`, so schedules added or resumed elsewhere are noticed). Every worker runs
+At start (before the worker claims anything) it syncs the schedule table with the code,
+in one transaction under the sync lock. Then it loops: read the active schedules with
+the database clock, fire those due (one autocommit statement each), sleep until the
+next fire time (at most :data:`MAX_SLEEP`, so schedules added or resumed elsewhere are
+noticed). Every worker runs
 it and no leader is elected: two workers firing the same schedule race on its row, and
 the loser's statement matches nothing (see sql/schedules.sql).
 """
@@ -57,26 +58,39 @@ class Scheduler(threading.Thread):
         super().__init__(name="pgqueue-scheduler", daemon=True)
         self._slot = ConnectionSlot(alias, name)
         self._stopping = threading.Event()
+        self._synced = False
         self.passes = 0
 
     def stop(self) -> None:
         """Ask the thread to finish."""
         self._stopping.set()
 
+    def start(self) -> None:
+        """Sync the schedules with the code (before the worker takes jobs), then fire them
+        in the thread. A sync that fails on the connection is retried by the thread."""
+        self._synced = self._sync()
+        super().start()
+
+    def _sync(self) -> bool:
+        try:
+            sync_declared(self._slot)
+        except InvalidSchedule as error:
+            # manage.py check reports it too; fire what the table holds.
+            logger.error("schedules not synced: %s", error)
+        except CONNECTION_ERRORS + TRANSIENT_ERRORS as error:
+            self._slot.reset()
+            logger.warning("scheduler: could not sync the schedules yet (%s)", error)
+            return False
+        return True
+
     def run(self) -> None:
-        """Sync, then fire due schedules until stopped."""
+        """Fire due schedules until stopped (syncing first if that failed at start)."""
         delay = 0.0
-        synced = False
         try:
             while not self._stopping.wait(delay):
                 try:
-                    if not synced:
-                        synced = True
-                        try:
-                            sync_declared(self._slot)
-                        except InvalidSchedule as error:
-                            # manage.py check reports it too; fire what the table holds.
-                            logger.error("schedules not synced: %s", error)
+                    if not self._synced:
+                        self._synced = self._sync()
                     report = self._slot.run(fire_due)
                     self.passes += 1
                     delay = _sleep_after(report)
