@@ -125,3 +125,18 @@ def test_actions_need_the_change_permission_and_the_form_edits_nothing(client, s
     change = client.post(url("django_pgqueue_schedule_change", "nightly"), {"queue": "x"})
     assert change.status_code == 403
     assert Schedule.objects.get(name="nightly").queue == "default"
+
+
+def test_a_scheduled_job_page_names_its_schedule_and_fire_time(client, schedules):
+    login(client, superuser=True)
+    Schedule.objects.filter(name="minutely").update(next_fire_at=TruncMinute(timezone.now()))
+    fire_due(schedules)
+    job = Job.objects.get(idempotency_key__startswith="pgqueue:schedule:minutely:")
+    fire_time = Schedule.objects.get(name="minutely").last_fire_at
+    page = client.get(url("django_pgqueue_job_change", job.pk))
+    assert page.status_code == 200
+    assert f"{PAGE}?q=minutely" in page.text
+    assert f'<time datetime="{fire_time.isoformat()}">' in page.text
+    listed = client.get(PAGE, {"q": "minutely"})
+    assert listed.status_code == 200
+    assert "nightly" not in listed.text.split("result_list")[-1]
