@@ -34,6 +34,17 @@ CHECK_IDS = {
     "django_pgqueue.E006": "A backend's OPTIONS['DATABASE'] is not a key of DATABASES.",
     "django_pgqueue.E007": "The queue's tables are missing from a backend's database: "
     "migrate was not run there (checked with --database).",
+    "django_pgqueue.E201": "A periodic schedule's expression is not valid cron, a nickname "
+    "or an @every interval.",
+    "django_pgqueue.E202": "A periodic schedule names an unknown timezone.",
+    "django_pgqueue.E203": "A periodic schedule's task cannot be imported, is not a task, or "
+    "does not use a PgQueueBackend.",
+    "django_pgqueue.E204": "A periodic schedule's queue is not in its backend's QUEUES.",
+    "django_pgqueue.E205": "A periodic schedule's downtime policy (or catch_up) is invalid.",
+    "django_pgqueue.E206": "A periodic schedule uses a cron expression but cronsim (the "
+    "'cron' extra) is not installed.",
+    "django_pgqueue.E207": "A periodic schedule is declared wrongly: a bad name, a malformed "
+    "PGQUEUE_SCHEDULES entry, arguments that are not JSON, or a name declared twice.",
     "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",
     "django_pgqueue.W002": "An index on a queue table is INVALID (an interrupted concurrent "
     "build or reindex); checked with --database and at worker start.",
@@ -108,6 +119,26 @@ def check_apps(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) ->
             )
         )
     return messages
+
+
+@checks.register()
+def check_schedules(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
+    """Report invalid periodic schedules (E201-E207), before any worker fires them."""
+    from .periodic import declared_schedules, schedule_backend_problem
+
+    schedules, problems = declared_schedules()
+    for schedule in schedules.values():
+        problems.extend(
+            (check_id, f"schedule {schedule.name!r} ({schedule.origin}): {message}")
+            for check_id, message in schedule.problems()
+        )
+        found = schedule_backend_problem(schedule)
+        if found is not None:
+            check_id, message = found
+            problems.append(
+                (check_id, f"schedule {schedule.name!r} ({schedule.origin}): {message}")
+            )
+    return [checks.Error(message, id=check_id) for check_id, message in problems]
 
 
 @checks.register(checks.Tags.database)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from .compat import TaskContext
@@ -20,7 +21,10 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
     claim time. ``step`` is the progress marker the job recorded last (None at first): a
     multi-step task resumes after it. ``cancelled`` turns true when the worker gave up on
     the job (its lease was lost, its timeout passed, or the worker is shutting down past
-    its grace period); a long task should check it and stop early.
+    its grace period); a long task should check it and stop early. ``schedule`` and
+    ``fire_time`` are set for a job a periodic schedule enqueued: the schedule's name and
+    the fire time the job is for (aware UTC; for a "run now" job, when the operator
+    confirmed it), else None.
     """
 
     job_id: int
@@ -28,6 +32,8 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
     lease_generation: int
     worker_id: str
     initial_step: str | None = None
+    schedule: str | None = None
+    fire_time: datetime | None = None
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
     _record_step: Callable[[str | None], None] | None = field(default=None, repr=False)
     _step_holder: list[str | None] = field(default_factory=list, repr=False)

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidArguments",
     "InvalidIndexStatement",
     "InvalidOption",
+    "InvalidSchedule",
     "JobCancelled",
     "JobNotFound",
     "JobTimeout",
@@ -183,3 +184,16 @@ class InvalidOption(EnqueueError):
         self.option = option
         self.reason = reason
         super().__init__(f"{option}: {reason}")
+
+
+class InvalidSchedule(ConfigurationError):
+    """A periodic schedule is declared wrongly: its expression, timezone, policy or name.
+
+    ``field`` names what was wrong; the system checks (E201-E207) report the same
+    problems before a worker starts.
+    """
+
+    def __init__(self, schedule: str, field: str, reason: str) -> None:
+        self.schedule = schedule
+        self.field = field
+        super().__init__(f"schedule {schedule!r}: {field} {reason}")

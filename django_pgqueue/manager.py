@@ -40,9 +40,11 @@ __all__ = [
     "ClaimRound",
     "ClaimedJob",
     "DjangoRunner",
+    "DueSchedule",
     "Enqueued",
     "FailOutcome",
     "Failure",
+    "FireResult",
     "InvalidIndex",
     "JobManager",
     "JobSnapshot",
@@ -50,9 +52,11 @@ __all__ = [
     "Lease",
     "LeaseExtension",
     "OperatorResult",
+    "PausedSchedule",
     "PsycopgRunner",
     "QueueStore",
     "ReapedJob",
+    "ScheduleDefinition",
 ]
 
 # Columns whose values arrive as JSON text (Django's psycopg setup loads jsonb as text so
@@ -62,6 +66,8 @@ _JSON_COLUMNS = frozenset(
 )
 # Fixed key of the housekeeping advisory lock: the first 8 bytes of sha1("django_pgqueue").
 HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
+# Fixed key of the schedule sync lock: the next 8 bytes of sha1("django_pgqueue").
+SCHEDULE_SYNC_LOCK_KEY = 0x3B6F_0E2D_91C4_7A58
 # Largest number of ids an operator statement handles at once.
 OPERATOR_CHUNK = 1000
 # Partition signals one fold takes (the claim folds before it claims).
@@ -321,6 +327,65 @@ class QueueCounts:
     failed: int = 0
     dead_lettered: int = 0
     wait_ms_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDefinition:
+    """A schedule's row as the code declares it (what ``upsert_schedule`` writes)."""
+
+    name: str
+    task_path: str
+    queue: str
+    priority: int
+    max_attempts: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    expression: str
+    description: str
+    timezone: str
+    downtime: str
+    catch_up: int
+    timing: str
+
+
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """An active schedule's timing, read with the database clock."""
+
+    name: str
+    expression: str
+    timezone: str
+    downtime: str
+    catch_up: int
+    timing: str
+    next_fire_at: datetime
+    database_now: datetime
+
+    @property
+    def due(self) -> bool:
+        """Return whether its next fire time has come."""
+        return self.next_fire_at <= self.database_now
+
+
+@dataclass(frozen=True, slots=True)
+class PausedSchedule:
+    """A paused schedule's timing, read with the database clock (to plan a resume)."""
+
+    name: str
+    expression: str
+    timezone: str
+    timing: str
+    database_now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    """What one ``fire_schedule`` did."""
+
+    #: False when another worker (or an operator, or a sync) moved the schedule first.
+    advanced: bool
+    #: Jobs inserted (fire times that already had their job are not counted).
+    inserted: int
 
 
 # ---------------------------------------------------------------------- runners
@@ -1265,6 +1330,105 @@ class QueueStore:
         """Return the registry rows that are not dead of ``hostname`` or ``worker_id``."""
         rows = self._run("worker_heartbeats", hostname=hostname, worker_id=worker_id).dicts()
         return [WorkerHeartbeat(**row) for row in rows]
+
+    # ------------------------------------------------------------------ schedules
+    # sql/schedules.sql: the workers' sync and firing, the Schedules admin page's actions.
+    def lock_schedule_sync(self) -> None:
+        """Wait for the schedule sync lock; call inside a transaction (released at COMMIT)."""
+        self._run("lock_schedule_sync", lock_key=SCHEDULE_SYNC_LOCK_KEY)
+
+    def database_now(self) -> datetime:
+        """Return the database clock (``statement_timestamp()``)."""
+        now: datetime = self._run("schedule_clock").rows[0][0]
+        return now
+
+    def upsert_schedule(self, definition: ScheduleDefinition, *, next_fire_at: datetime) -> str:
+        """Write one declared schedule; return ``"added"``, ``"changed"`` or ``""``.
+
+        ``next_fire_at`` applies to a new schedule or one whose timing changed.
+        """
+        values = {name: getattr(definition, name) for name in definition.__dataclass_fields__}
+        values["schedule_name"] = values.pop("name")
+        values["args"] = json.dumps(definition.args)
+        values["kwargs"] = json.dumps(definition.kwargs)
+        rows = self._run("upsert_schedule", next_fire_at=next_fire_at, **values).rows
+        if not rows:
+            return ""
+        return "added" if rows[0][1] else "changed"
+
+    def delete_undeclared_schedules(self, declared: Sequence[str]) -> list[str]:
+        """Delete the schedules not in ``declared``; return their names."""
+        rows = self._run("delete_undeclared_schedules", names=list(declared)).rows
+        return sorted(row[0] for row in rows)
+
+    def due_schedules(self, *, limit: int = 100) -> list[DueSchedule]:
+        """Return up to ``limit`` active schedules, the earliest next fire first."""
+        return [DueSchedule(**row) for row in self._run("due_schedules", limit=limit).dicts()]
+
+    def fire_schedule(
+        self,
+        schedule: DueSchedule,
+        *,
+        keys: Sequence[str],
+        last_fire_at: datetime | None,
+        next_fire_at: datetime,
+    ) -> FireResult:
+        """Advance ``schedule`` past its due fire times and insert a job per key.
+
+        Applies only if the row still has the ``next_fire_at`` and timing it was read
+        with, and is not paused; one statement, so one short transaction in autocommit.
+        """
+        row = self._run(
+            "fire_schedule",
+            schedule_name=schedule.name,
+            expected_next_fire_at=schedule.next_fire_at,
+            timing=schedule.timing,
+            next_fire_at=next_fire_at,
+            last_fire_at=last_fire_at,
+            keys=list(keys),
+            channel=conf.NOTIFY_CHANNEL,
+        ).rows[0]
+        return FireResult(advanced=bool(row[0]), inserted=int(row[1]))
+
+    def pause_schedules(self, names: Sequence[str]) -> list[str]:
+        """Pause the active schedules among ``names``; return those it paused."""
+        return sorted(row[0] for row in self._run("pause_schedules", names=list(names)).rows)
+
+    def paused_schedules(self, names: Sequence[str]) -> list[PausedSchedule]:
+        """Return the paused schedules among ``names``."""
+        rows = self._run("paused_schedules", names=list(names)).dicts()
+        return [PausedSchedule(**row) for row in rows]
+
+    def resume_schedule(self, schedule: PausedSchedule, *, next_fire_at: datetime) -> bool:
+        """Resume ``schedule`` if still paused with the same timing; return whether it did."""
+        rows = self._run(
+            "resume_schedule",
+            schedule_name=schedule.name,
+            timing=schedule.timing,
+            next_fire_at=next_fire_at,
+        ).rows
+        return bool(rows)
+
+    def run_schedules_now(self, keys: Mapping[str, str]) -> dict[str, int]:
+        """Insert one job now for each schedule name of ``keys`` (name -> idempotency key).
+
+        Returns the new job id per name; a name whose schedule is gone, or whose key is
+        already taken (a resubmitted confirmation), is missing.
+        """
+        names = list(keys)
+        rows = self._run(
+            "run_schedule_now",
+            names=names,
+            keys=[keys[name] for name in names],
+            channel=conf.NOTIFY_CHANNEL,
+        ).rows
+        by_key = {row[1]: row[0] for row in rows}
+        return {name: by_key[key] for name, key in keys.items() if key in by_key}
+
+    def jobs_by_keys(self, keys: Sequence[str]) -> dict[str, tuple[int, str]]:
+        """Return ``(job id, status)`` of the jobs holding ``keys``, by key."""
+        rows = self._run("jobs_by_keys", keys=list(keys)).rows
+        return {row[0]: (row[1], row[2]) for row in rows}
 
     # ------------------------------------------------------------------ schema (catalog)
     # sql/schema.sql: the migrations' index helper, system check W002 and the lag page.

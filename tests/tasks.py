@@ -520,3 +520,14 @@ def soak_poison(context: Any, how: str) -> Any:
         return {"text": "a lone surrogate \udc00 in a result"}
     _ledger(context, "end-unstorable", kind)
     return {"text": "a NUL \x00 in a result"}
+
+
+@task(takes_context=True)
+def scheduled_probe(context: Any, label: str = "") -> dict[str, Any]:
+    """Return the schedule and fire time the job was enqueued for (periodic tests)."""
+    fire_time = context.fire_time
+    return {
+        "schedule": context.schedule,
+        "fire_time": fire_time.isoformat() if fire_time else None,
+        "label": label,
+    }

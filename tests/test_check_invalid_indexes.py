@@ -48,6 +48,7 @@ def test_the_tables_come_from_the_app_models():
         "django_pgqueue_partition",
         "django_pgqueue_partition_signal",
         "django_pgqueue_queuestat",
+        "django_pgqueue_schedule",
         "django_pgqueue_worker",
     ]
 

@@ -164,4 +164,6 @@ def test_every_check_id_in_the_code_is_documented():
         path.read_text() for path in Path(django_pgqueue.__file__).parent.rglob("*.py")
     )
     used = set(re.findall(r'id="(django_pgqueue\.[EW]\d{3})"', source))
+    # Schedule declarations report (check id, message) pairs (django_pgqueue/periodic.py).
+    used |= set(re.findall(r'\(\s*"(django_pgqueue\.[EW]\d{3})",', source))
     assert used == set(pgqueue_checks.CHECK_IDS)

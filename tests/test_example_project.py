@@ -110,6 +110,10 @@ def test_seeded_flows_end_as_expected_after_a_burst_worker(shop_database):
 
     orders = dict(_rows(url, "SELECT id, submissions FROM orders_order"))
     assert len(orders) == 9
+    # The worker wrote the shop's periodic schedule at start (the admin's Schedules page).
+    assert _rows(
+        url, "SELECT name, description, timezone, paused_at FROM django_pgqueue_schedule"
+    ) == [("nightly-sales-report", "At 02:30 every day", "Europe/Berlin", None)]
 
     # Every order has exactly one job of each kind: the double submit added none.
     for task_name in ORDER_TASKS:

@@ -100,6 +100,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "cancel_jobs": {"job_ids": [1, 2], "reason": None},
     "discard_jobs": {"job_ids": [1, 2]},
     "select_by_idempotency_keys": {"idempotency_keys": ["a", "b"]},
+    "jobs_by_keys": {"keys": ["a", "b"]},
     "partitions_out_of_date": {"after_key": "", "scan_limit": 1000},
 }
 
@@ -126,6 +127,7 @@ EXPECTED_INDEXES = {
     # The ids, through the primary key or the index of dead and cancelled jobs.
     "retry_jobs": {"pgq_job_revivable", *PRIMARY_KEY},
     "select_by_idempotency_keys": {"pgq_job_idempotency_key"},
+    "jobs_by_keys": {"pgq_job_idempotency_key"},
 }
 ANY_OF = {"prune_dead_letters", "retry_jobs"}
 
@@ -138,10 +140,17 @@ def test_every_job_table_statement_is_covered():
         if query.source != "admin.sql"
         and ("django_pgqueue_job " in query.text or "django_pgqueue_job\n" in query.text)
     }
-    # The enqueue statements insert rows: nothing to scan but the conflict check.
-    assert writes_jobs - {"enqueue", "enqueue_at", "enqueue_idempotent", "enqueue_many"} == set(
-        PARAMS
-    )
+    # The enqueue statements (and the schedules' fire and run-now) insert rows: nothing
+    # to scan but the conflict check.
+    inserts = {
+        "enqueue",
+        "enqueue_at",
+        "enqueue_idempotent",
+        "enqueue_many",
+        "fire_schedule",
+        "run_schedule_now",
+    }
+    assert writes_jobs - inserts == set(PARAMS)
 
 
 def _walk(plan: dict[str, Any]):

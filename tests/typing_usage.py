@@ -10,6 +10,7 @@ from typing import assert_type
 
 from django_pgqueue import task
 from django_pgqueue.backend import PgQueueTask
+from django_pgqueue.periodic import periodic
 
 
 @task(queue_name="emails", priority=10, max_attempts=8, timeout=60.0, atomic=True)
@@ -24,6 +25,13 @@ def bare(value: int) -> int:
     return value
 
 
+@periodic("0 2 * * *", timezone="Europe/Berlin", downtime="catch_up", catch_up=2)
+@task(queue_name="reports")
+def nightly() -> None:
+    """A periodic task: @periodic keeps the task's type."""
+
+
 assert_type(send_receipt, PgQueueTask)
+assert_type(nightly, PgQueueTask)
 assert_type(bare, PgQueueTask)
 assert_type(send_receipt.using(idempotency_key="k", partition_key="p"), PgQueueTask)

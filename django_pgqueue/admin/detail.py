@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Job, Worker
+from ..periodic import parse_fire_key
 from ..states import JobStatus
 from .actions import OPERATIONS, RETURN_TO, Operation, has_operation_permission
 from .formatting import UNKNOWN_TASK_LABEL, duration, pretty_json, relative, status_badge
@@ -117,6 +118,7 @@ def render_job_detail(
         "return_to_field": RETURN_TO,
         "return_to": _return_to(model_admin, request, job),
         "overdue": _overdue(job),
+        "scheduled": parse_fire_key(job.idempotency_key),
         **_partition(job),
     }
     request.current_app = model_admin.admin_site.name

@@ -35,6 +35,7 @@ from ..exceptions import (
 )
 from ..manager import ClaimedJob, DjangoRunner, Failure, QueueStore
 from ..payload import StoredResult, encode_result
+from ..periodic import parse_fire_key
 from ..tracing import attempt_span, record_exception, set_outcome
 
 __all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
@@ -259,6 +260,7 @@ class JobRunner:
         assert entry is not None
         if not entry.takes_context:
             return job.args
+        fire = parse_fire_key(job.idempotency_key)
         context = JobContext(
             task_result=task_result,
             job_id=job.id,
@@ -266,6 +268,8 @@ class JobRunner:
             lease_generation=job.lease_generation,
             worker_id=self.worker_id,
             initial_step=job.step,
+            schedule=fire.schedule if fire else None,
+            fire_time=fire.fire_time if fire else None,
             _cancel_event=flight.cancel,
             _record_step=record_step,
         )

@@ -42,6 +42,7 @@ from .listener import Listener
 from .logfields import job_extra
 from .options import WorkerOptions
 from .pools import AsyncRunner, ThreadPool
+from .scheduler import Scheduler
 
 __all__ = ["Worker"]
 
@@ -90,6 +91,7 @@ class Worker:
         self._listener: Listener | None = None
         self._heartbeat: Heartbeat | None = None
         self._housekeeper: Housekeeper | None = None
+        self._scheduler: Scheduler | None = None
         self.started = threading.Event()
 
     # ------------------------------------------------------------------ public
@@ -217,6 +219,9 @@ class Worker:
                 name=f"pgqueue housekeeping {self.id}",
             )
             self._housekeeper.start()
+        if options.schedules:
+            self._scheduler = Scheduler(alias=options.database, name=f"pgqueue scheduler {self.id}")
+            self._scheduler.start()
 
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
@@ -799,7 +804,7 @@ class Worker:
                 "worker %s: releasing %d unfinished jobs at shutdown", self.id, len(running)
             )
             self._release(running, "worker shut down before the job finished")
-        for component in (self._listener, self._heartbeat, self._housekeeper):
+        for component in (self._listener, self._heartbeat, self._housekeeper, self._scheduler):
             if component is not None:
                 component.stop()
         if self._heartbeat is not None:
@@ -808,7 +813,7 @@ class Worker:
         if self._pool is not None:
             self._pool.shutdown()
         self._async.shutdown()
-        for component in (self._listener, self._housekeeper):
+        for component in (self._listener, self._housekeeper, self._scheduler):
             if component is not None:
                 component.join(1)
         self._slot.close()

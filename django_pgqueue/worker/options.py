@@ -49,6 +49,9 @@ class WorkerOptions:
     handle_signals: bool = True
     #: Run housekeeping passes (reaping, pruning) when this worker wins the lock.
     housekeeping: bool = True
+    #: Sync the periodic schedules at start and fire them when due (every worker may:
+    #: the database lets one job per fire time through).
+    schedules: bool = True
 
     @classmethod
     def from_settings(cls, *, backend: str = "default", **overrides: Any) -> WorkerOptions:

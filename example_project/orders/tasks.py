@@ -10,6 +10,8 @@ partition keys, ``run_after``) are set where the job is enqueued, in ``services.
 - ``deliver_statement``: a multi-step job that resumes after its last finished step.
 - ``record_analytics_event``: an async task.
 - ``request_review``, ``compile_daily_sales``: scheduled with ``run_after``.
+- ``nightly_sales_report``: a periodic task, every night at 02:30 shop time (the workers
+  fire it; see the Schedules page of the admin).
 
 Workers run jobs at least once: a job runs again if its worker dies before recording the
 outcome. The atomic tasks cannot apply twice, the others are written to be harmless when
@@ -22,6 +24,7 @@ import asyncio
 import datetime
 import logging
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.core.mail import send_mail
 from django.db import transaction
@@ -33,6 +36,7 @@ from django.utils import timezone
 from django_pgqueue import task
 from django_pgqueue.context import JobContext
 from django_pgqueue.exceptions import PermanentError
+from django_pgqueue.periodic import periodic
 from orders.models import (
     AnalyticsEvent,
     Counter,
@@ -254,3 +258,21 @@ def compile_daily_sales(day: str) -> dict[str, int]:
             defaults={"orders": totals["orders"], "revenue_cents": totals["revenue"] or 0},
         )
     return {"orders": totals["orders"], "revenue_cents": totals["revenue"] or 0}
+
+
+#: The shop's own clock, for "yesterday" in the nightly report.
+SHOP_TIMEZONE = "Europe/Berlin"
+
+
+@periodic("30 2 * * *", name="nightly-sales-report", timezone=SHOP_TIMEZONE)
+@task(queue_name="reports", takes_context=True)
+def nightly_sales_report(context: JobContext) -> dict[str, int]:
+    """Compile the sales of the day before the night the schedule fired for.
+
+    ``context.fire_time`` is the fire time this job stands for (None when enqueued by
+    hand), so a job that runs late, or a second time, still reports the right day.
+    """
+    fired = context.fire_time or timezone.now()
+    day = fired.astimezone(ZoneInfo(SHOP_TIMEZONE)).date() - datetime.timedelta(days=1)
+    result: dict[str, int] = compile_daily_sales.func(day.isoformat())
+    return result

@@ -83,6 +83,11 @@ class Command(BaseCommand):
             action="store_true",
             help="Never run housekeeping (reaping, pruning) in this worker.",
         )
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="Never sync or fire periodic schedules in this worker.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Validate everything, then run the worker (or the supervisor) until it exits."""
@@ -110,6 +115,7 @@ class Command(BaseCommand):
                 poll_interval=options["poll_interval"],
                 grace_seconds=options["grace_seconds"],
                 housekeeping=False if options["no_housekeeping"] else None,
+                schedules=False if options["no_schedules"] else None,
             )
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error

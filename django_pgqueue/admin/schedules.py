@@ -1,0 +1,299 @@
+"""The Schedules page: each periodic schedule, when it fires, and what its last fire did.
+
+Rows are written by the workers (synced from code at start, advanced on each fire), so
+the page edits nothing. Its actions (pause, resume, run now) go through
+:mod:`django_pgqueue.scheduling`, are confirmed first, fenced in SQL (pausing an already
+paused schedule, or resuming one a sync changed meanwhile, does nothing; a "run now"
+confirmation submitted twice enqueues once), and logged per schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from ..manager import DjangoRunner, QueueStore
+from ..models import Schedule
+from ..periodic import fire_key
+from ..scheduling import pause, resume, run_now
+from .formatting import relative, status_badge
+
+__all__ = ["ScheduleAdmin"]
+
+if TYPE_CHECKING:
+    from django.utils.functional import _StrPromise
+
+    _ModelAdmin = admin.ModelAdmin[Schedule]
+else:  # ModelAdmin is generic for the type checker only
+    _ModelAdmin = admin.ModelAdmin
+
+#: Form field carrying the database time the "run now" confirmation was shown at.
+REQUESTED_AT = "requested_at"
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAction:
+    """One operator action on schedules: confirmed, applied through scheduling, logged."""
+
+    name: str
+    label: _StrPromise
+    explanation: _StrPromise
+    #: (store, names, time the confirmation was shown) -> the names it applied to.
+    apply: Callable[[QueueStore, list[str], datetime], list[str]]
+    log_message: str
+
+
+class ScheduleAdmin(_ModelAdmin):
+    """Periodic schedules with their timing, last fire's job, and operator actions."""
+
+    list_display = (
+        "name",
+        "description",
+        "timezone",
+        "next_fire",
+        "last_fire",
+        "state",
+        "task_path",
+        "queue",
+        "downtime_display",
+    )
+    list_filter = ("queue", "downtime")
+    search_fields = ("name", "task_path")
+    show_facets = admin.ShowFacets.NEVER
+    ordering = ("name",)
+    actions = ("pause_schedules", "resume_schedules", "run_schedules_now")
+    readonly_fields = (
+        "name",
+        "task_path",
+        "queue",
+        "priority",
+        "max_attempts",
+        "args",
+        "kwargs",
+        "expression",
+        "description",
+        "timezone",
+        "downtime",
+        "catch_up",
+        "next_fire_at",
+        "last_fire_at",
+        "paused_at",
+        "created_at",
+        "updated_at",
+    )
+    exclude = ("timing",)
+
+    class Media:
+        css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}
+
+    # ------------------------------------------------------------------ permissions
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """Return False: schedules are declared in code."""
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Return False: a schedule removed from the code is removed at the next start."""
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Allow the actions (change permission), never the edit form."""
+        return obj is None and super().has_change_permission(request)
+
+    # ------------------------------------------------------------------ columns
+    @admin.display(description=_("next fire"), ordering="next_fire_at")
+    def next_fire(self, obj: Schedule) -> SafeString:
+        """Return the next fire time with how far away it is."""
+        return _moment(obj.next_fire_at)
+
+    @admin.display(description=_("last fire"), ordering="last_fire_at")
+    def last_fire(self, obj: Schedule) -> SafeString | str:
+        """Return the last fire time and its job's status, linked to the job."""
+        if obj.last_fire_at is None:
+            return "—"
+        key = fire_key(obj.name, obj.last_fire_at)
+        found = QueueStore(DjangoRunner(obj._state.db or "default")).jobs_by_keys([key])
+        if key not in found:
+            return format_html("{} · {}", _moment(obj.last_fire_at), _("job pruned"))
+        job_id, status = found[key]
+        url = reverse("admin:django_pgqueue_job_change", args=[job_id])
+        return format_html(
+            '{} · <a href="{}">#{}</a> {}',
+            _moment(obj.last_fire_at),
+            url,
+            job_id,
+            status_badge(status),
+        )
+
+    @admin.display(description=_("state"), ordering="paused_at")
+    def state(self, obj: Schedule) -> SafeString:
+        """Return active or paused (since when)."""
+        if obj.paused_at is None:
+            return format_html(
+                '<span class="pgq-badge pgq-status-succeeded">{}</span>', _("Active")
+            )
+        return format_html(
+            '<span class="pgq-badge pgq-status-cancelled" title="{}">{}</span>',
+            obj.paused_at.isoformat(),
+            _("Paused"),
+        )
+
+    @admin.display(description=_("after downtime"), ordering="downtime")
+    def downtime_display(self, obj: Schedule) -> str:
+        """Return the downtime policy in words."""
+        if obj.downtime == "skip":
+            return str(_("skip missed fires"))
+        if obj.downtime == "catch_up":
+            return str(_("catch up at most %(count)d") % {"count": obj.catch_up})
+        return str(_("fire the latest missed once"))
+
+    # ------------------------------------------------------------------ actions
+    @admin.action(description=_("Pause"), permissions=["change"])
+    def pause_schedules(
+        self, request: HttpRequest, queryset: QuerySet[Schedule]
+    ) -> HttpResponse | None:
+        """Pause the selected schedules (fires stop until resumed)."""
+        return self._operate(
+            request,
+            queryset,
+            ScheduleAction(
+                name="pause_schedules",
+                label=_("Pause"),
+                explanation=_(
+                    "Paused schedules do not fire. Fire times that pass while paused are not "
+                    "made up on resume. Schedules already paused are left as they are."
+                ),
+                apply=lambda store, names, _at: pause(store, names),
+                log_message="Paused from the admin.",
+            ),
+        )
+
+    @admin.action(description=_("Resume"), permissions=["change"])
+    def resume_schedules(
+        self, request: HttpRequest, queryset: QuerySet[Schedule]
+    ) -> HttpResponse | None:
+        """Resume the selected paused schedules from their next fire time after now."""
+        return self._operate(
+            request,
+            queryset,
+            ScheduleAction(
+                name="resume_schedules",
+                label=_("Resume"),
+                explanation=_(
+                    "Paused schedules fire again from their next fire time after now. Active "
+                    "schedules are left as they are."
+                ),
+                apply=lambda store, names, _at: resume(store, names),
+                log_message="Resumed from the admin.",
+            ),
+        )
+
+    @admin.action(description=_("Run now"), permissions=["change"])
+    def run_schedules_now(
+        self, request: HttpRequest, queryset: QuerySet[Schedule]
+    ) -> HttpResponse | None:
+        """Enqueue one job of each selected schedule now, outside its timetable."""
+        return self._operate(
+            request,
+            queryset,
+            ScheduleAction(
+                name="run_schedules_now",
+                label=_("Run now"),
+                explanation=_(
+                    "Each selected schedule gets one job now, with its arguments; the timetable "
+                    "does not move. Confirming this page twice enqueues once."
+                ),
+                apply=lambda store, names, at: sorted(run_now(store, names, requested_at=at)),
+                log_message="Run now from the admin.",
+            ),
+        )
+
+    def _operate(
+        self, request: HttpRequest, queryset: QuerySet[Schedule], action: ScheduleAction
+    ) -> HttpResponse | None:
+        name, label, explanation = action.name, action.label, action.explanation
+        names = sorted(queryset.values_list("name", flat=True))
+        store = QueueStore(DjangoRunner(queryset.db))
+        requested_at = parse_datetime(request.POST.get(REQUESTED_AT, ""))
+        if request.POST.get("confirmed") != "yes" or requested_at is None:
+            context = {
+                **self.admin_site.each_context(request),
+                "title": _("Are you sure?"),
+                "subtitle": label,
+                "opts": self.opts,
+                "action": name,
+                "label": label,
+                "explanation": explanation,
+                "names": names,
+                "requested_at": store.database_now().isoformat(),
+                "checkbox_name": ACTION_CHECKBOX_NAME,
+            }
+            request.current_app = self.admin_site.name
+            return TemplateResponse(
+                request, "django_pgqueue/admin/confirm_schedule_action.html", context
+            )
+        done = action.apply(store, names, requested_at)
+        _log(request, done, action.log_message)
+        skipped = sorted(set(names) - set(done))
+        self.message_user(
+            request,
+            ngettext(
+                "%(label)s: %(count)d schedule (%(names)s).",
+                "%(label)s: %(count)d schedules (%(names)s).",
+                len(done),
+            )
+            % {"label": label, "count": len(done), "names": ", ".join(done) or "—"},
+            messages.SUCCESS if done else messages.INFO,
+        )
+        if skipped:
+            self.message_user(
+                request,
+                _("Left as they were (already in that state, or gone): %(names)s.")
+                % {"names": ", ".join(skipped)},
+                messages.WARNING,
+            )
+        return None
+
+
+def _moment(moment: datetime) -> SafeString:
+    return format_html(
+        '<span title="{}">{}</span> <span class="pgq-muted">({})</span>',
+        moment.isoformat(),
+        f"{moment:%Y-%m-%d %H:%M:%S %Z}",
+        relative(moment),
+    )
+
+
+def _log(request: HttpRequest, names: Sequence[str], message: str) -> None:
+    if not names:
+        return
+    content_type = ContentType.objects.get_for_model(Schedule)
+    user_id: Any = request.user.pk
+    LogEntry.objects.bulk_create(
+        [
+            LogEntry(
+                user_id=user_id,
+                content_type_id=content_type.pk,
+                object_id=name,
+                object_repr=name,
+                action_flag=CHANGE,
+                change_message=message,
+            )
+            for name in names
+        ]
+    )

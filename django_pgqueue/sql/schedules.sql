@@ -1,0 +1,193 @@
+-- Periodic schedules: syncing them from code, firing them, and the operator's actions.
+--
+-- Exactly one job per fire time, however many workers fire: fire_schedule advances the
+-- schedule row only if next_fire_at still holds the value the worker planned from (a
+-- second worker's UPDATE waits for the first one's row lock, re-reads the row, and no
+-- longer matches), and inserts the jobs in the same statement. Each job's idempotency
+-- key names the schedule and fire time (pgqueue:schedule:<name>:<UTC time>), so even a
+-- schedule re-created after removal cannot fire the same time twice. Fire times and keys
+-- are computed by the caller from the database clock (cron lives in Python, cronsim).
+
+
+-- name: lock_schedule_sync
+-- Serialise the schedule sync of workers starting together (transaction-level lock:
+-- released at COMMIT, safe behind PgBouncer in transaction mode).
+SELECT pg_advisory_xact_lock(%(lock_key)s)
+
+
+-- name: schedule_clock
+-- The database clock (every schedule computation counts from it, never the host's).
+SELECT statement_timestamp() AS database_now
+
+
+-- name: upsert_schedule
+-- Add a declared schedule, or update it if its declaration changed. A changed
+-- expression or timezone (timing) moves next_fire_at to the caller's value (the first
+-- fire after now); anything else keeps it, so an unchanged schedule that was due while
+-- the workers were down still gets its downtime policy. paused_at and last_fire_at are
+-- the operator's and the history's: never overwritten. Returns a row only when something
+-- was added or changed; added is true for a new row (xmax is 0 for a fresh insert).
+INSERT INTO django_pgqueue_schedule AS schedule (
+    name, task_path, queue, priority, max_attempts, args, kwargs, expression, description,
+    timezone, downtime, catch_up, timing, next_fire_at, last_fire_at, paused_at,
+    created_at, updated_at
+)
+VALUES (
+    %(schedule_name)s, %(task_path)s, %(queue)s, %(priority)s, %(max_attempts)s, %(args)s::jsonb,
+    %(kwargs)s::jsonb, %(expression)s, %(description)s, %(timezone)s, %(downtime)s,
+    %(catch_up)s, %(timing)s, %(next_fire_at)s, NULL, NULL, now(), now()
+)
+ON CONFLICT (name) DO UPDATE SET
+    task_path = EXCLUDED.task_path,
+    queue = EXCLUDED.queue,
+    priority = EXCLUDED.priority,
+    max_attempts = EXCLUDED.max_attempts,
+    args = EXCLUDED.args,
+    kwargs = EXCLUDED.kwargs,
+    expression = EXCLUDED.expression,
+    description = EXCLUDED.description,
+    timezone = EXCLUDED.timezone,
+    downtime = EXCLUDED.downtime,
+    catch_up = EXCLUDED.catch_up,
+    timing = EXCLUDED.timing,
+    next_fire_at = CASE
+        WHEN schedule.timing = EXCLUDED.timing THEN schedule.next_fire_at
+        ELSE EXCLUDED.next_fire_at
+    END,
+    updated_at = now()
+WHERE (
+    schedule.task_path, schedule.queue, schedule.priority, schedule.max_attempts,
+    schedule.args, schedule.kwargs, schedule.expression, schedule.description,
+    schedule.timezone, schedule.downtime, schedule.catch_up, schedule.timing
+) IS DISTINCT FROM (
+    EXCLUDED.task_path, EXCLUDED.queue, EXCLUDED.priority, EXCLUDED.max_attempts,
+    EXCLUDED.args, EXCLUDED.kwargs, EXCLUDED.expression, EXCLUDED.description,
+    EXCLUDED.timezone, EXCLUDED.downtime, EXCLUDED.catch_up, EXCLUDED.timing
+)
+RETURNING schedule.name, (schedule.xmax = 0) AS added
+
+
+-- name: delete_undeclared_schedules
+-- Remove the schedules no longer declared in code (their jobs stay). Sequential scan of
+-- a table of a few rows.
+DELETE FROM django_pgqueue_schedule AS schedule
+WHERE NOT (schedule.name = ANY (%(names)s::text[]))
+RETURNING schedule.name
+
+
+-- name: due_schedules
+-- The active schedules in fire order, the earliest first, with the database clock: the
+-- caller fires those due and sleeps until the next one. Uses pgq_schedule_due.
+SELECT schedule.name, schedule.expression, schedule.timezone, schedule.downtime,
+    schedule.catch_up, schedule.timing, schedule.next_fire_at,
+    statement_timestamp() AS database_now
+FROM django_pgqueue_schedule AS schedule
+WHERE schedule.paused_at IS NULL
+ORDER BY schedule.next_fire_at
+LIMIT %(limit)s
+
+
+-- name: fire_schedule
+-- Advance one schedule from the next_fire_at the caller planned from (the fence) and
+-- insert a job per planned fire time, in one statement. A worker that lost the race
+-- (the row moved on, was paused, or its timing changed) inserts nothing. ON CONFLICT
+-- uses pgq_job_idempotency_key: a fire time that already has its job keeps it.
+WITH advanced AS (
+    UPDATE django_pgqueue_schedule AS schedule
+    SET next_fire_at = %(next_fire_at)s,
+        last_fire_at = COALESCE(%(last_fire_at)s::timestamptz, schedule.last_fire_at)
+    WHERE schedule.name = %(schedule_name)s
+      AND schedule.next_fire_at = %(expected_next_fire_at)s
+      AND schedule.timing = %(timing)s
+      AND schedule.paused_at IS NULL
+    RETURNING schedule.queue, schedule.task_path, schedule.args, schedule.kwargs,
+        schedule.priority, schedule.max_attempts
+),
+inserted AS (
+    INSERT INTO django_pgqueue_job (
+        queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+        lease_generation, available_at, created_at, errors, idempotency_key,
+        partition_key, partition_bucket
+    )
+    SELECT advanced.queue, advanced.task_path, advanced.args, advanced.kwargs,
+        advanced.priority, 'pending', 0, advanced.max_attempts, 0, now(), now(),
+        '[]'::jsonb, fire.key, NULL, NULL
+    FROM advanced
+    CROSS JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS fire (key, position)
+    ORDER BY fire.position
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, ready.queue)
+    FROM (SELECT DISTINCT inserted.queue FROM inserted) AS ready
+)
+SELECT (SELECT count(*) FROM advanced) AS advanced,
+    (SELECT count(*) FROM inserted) AS inserted,
+    (SELECT count(*) FROM woken) AS notified
+
+
+-- name: pause_schedules
+-- Pause active schedules (already paused ones are left as they are and not returned).
+-- Primary key lookups.
+UPDATE django_pgqueue_schedule AS schedule
+SET paused_at = now(), updated_at = now()
+WHERE schedule.name = ANY (%(names)s::text[])
+  AND schedule.paused_at IS NULL
+RETURNING schedule.name
+
+
+-- name: paused_schedules
+-- The timing of the paused schedules among names, to plan their next fire on resume.
+-- Primary key lookups.
+SELECT schedule.name, schedule.expression, schedule.timezone, schedule.timing,
+    statement_timestamp() AS database_now
+FROM django_pgqueue_schedule AS schedule
+WHERE schedule.name = ANY (%(names)s::text[])
+  AND schedule.paused_at IS NOT NULL
+
+
+-- name: resume_schedule
+-- Resume one paused schedule from the caller's next fire time (the first after now:
+-- fires missed while paused are not owed). Fenced on still being paused with the timing
+-- the caller planned from. Primary key lookup.
+UPDATE django_pgqueue_schedule AS schedule
+SET paused_at = NULL, next_fire_at = %(next_fire_at)s, updated_at = now()
+WHERE schedule.name = %(schedule_name)s
+  AND schedule.paused_at IS NOT NULL
+  AND schedule.timing = %(timing)s
+RETURNING schedule.name
+
+
+-- name: run_schedule_now
+-- Insert one job of each named schedule now, outside its timetable; next_fire_at does
+-- not move. The key (pgqueue:schedule:<name>:run-now:<time the operator confirmed>)
+-- makes a resubmitted confirmation a no-op. ON CONFLICT uses pgq_job_idempotency_key.
+WITH inserted AS (
+    INSERT INTO django_pgqueue_job (
+        queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+        lease_generation, available_at, created_at, errors, idempotency_key,
+        partition_key, partition_bucket
+    )
+    SELECT schedule.queue, schedule.task_path, schedule.args, schedule.kwargs,
+        schedule.priority, 'pending', 0, schedule.max_attempts, 0, now(), now(),
+        '[]'::jsonb, wanted.key, NULL, NULL
+    FROM unnest(%(names)s::text[], %(keys)s::text[]) AS wanted (name, key)
+    JOIN django_pgqueue_schedule AS schedule ON schedule.name = wanted.name
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, idempotency_key
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, ready.queue)
+    FROM (SELECT DISTINCT inserted.queue FROM inserted) AS ready
+)
+SELECT inserted.id, inserted.idempotency_key, (SELECT count(*) FROM woken) AS notified
+FROM inserted
+
+
+-- name: jobs_by_keys
+-- The id and status of the jobs holding the given idempotency keys (the admin's "last
+-- fire" column). Uses pgq_job_idempotency_key.
+SELECT job.idempotency_key, job.id, job.status
+FROM django_pgqueue_job AS job
+WHERE job.idempotency_key = ANY (%(keys)s::text[])
