@@ -2,7 +2,8 @@
 
 Started on a free local port with a configuration of its own in a temporary folder;
 stopped (and the folder removed) at exit. PgBouncer refuses to run as root: as root it
-runs as the ``postgres`` system user.
+runs as the ``postgres`` system user, or, for a server on a Unix socket (the suite's
+embedded one), as the owner of the socket's folder.
 """
 
 from __future__ import annotations
@@ -63,11 +64,16 @@ def pgbouncer(server_url: str, *, pool_mode: str = "transaction") -> Iterator[st
     )
     command = [path, str(folder / "pgbouncer.ini")]
     if os.geteuid() == 0:
-        account = pwd.getpwnam("postgres")
+        host = str(server.get("host") or "")
+        # A server on a Unix socket (the suite's embedded one) is reachable only by the
+        # owner of its socket folder: run as that account; otherwise as postgres.
+        account = (
+            pwd.getpwuid(os.stat(host).st_uid) if host.startswith("/") else pwd.getpwnam("postgres")
+        )
         os.chown(folder, account.pw_uid, account.pw_gid)
         for child in folder.iterdir():
             os.chown(child, account.pw_uid, account.pw_gid)
-        command = ["runuser", "-u", "postgres", "--", *command]
+        command = ["runuser", "-u", account.pw_name, "--", *command]
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
