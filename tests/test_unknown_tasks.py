@@ -54,7 +54,7 @@ def test_the_worker_warns_once_per_job_naming_the_task_the_error_and_the_fix(wor
     job_id = Job.objects.enqueue(MISSING).pk
     worker = workers(*FAST, settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
     generation = 0
-    for _ in range(3):
+    for release in range(3):
         job = wait_for(
             lambda generation=generation: _released(job_id, generation),
             timeout=60,
@@ -62,7 +62,10 @@ def test_the_worker_warns_once_per_job_naming_the_task_the_error_and_the_fix(wor
         )
         assert job.status == JobStatus.PENDING, job.last_error
         generation = job.lease_generation
-        Job.objects.run_now([job_id])  # do not wait out the backoff between claims
+        if release < 2:
+            # Do not wait out the backoff between claims. Not after the last release:
+            # the worker would claim the job again before the checks below.
+            Job.objects.run_now([job_id])
     output = worker.output()
     warnings = [line for line in output.splitlines() if "WARNING" in line and MISSING in line]
     assert len(warnings) == 1, f"expected one WARNING naming {MISSING}:\n{output}"
