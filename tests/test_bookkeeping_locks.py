@@ -93,7 +93,10 @@ def test_a_worker_that_took_over_a_lease_never_waits_on_the_first_workers_heartb
     workers, observer, db_url
 ):
     # In id order: an atomic job (5 s), a plain job the second worker takes over, an
-    # atomic job (10 s). All three run on the first worker.
+    # atomic job (10 s). All three run on the first worker, which serves only "default".
+    # The second worker serves only "reports", where the plain job moves as its lease runs
+    # out: once the first atomic job ends, the first worker has a free slot and must not
+    # win the job back.
     specs = [
         JobSpec("tests.tasks.ledger_atomic_step_hold", kwargs={"hold_seconds": 5.0}),
         JobSpec("tests.tasks.ledger_sleep", kwargs={"seconds": 8.0}),
@@ -101,7 +104,15 @@ def test_a_worker_that_took_over_a_lease_never_waits_on_the_first_workers_heartb
     ]
     first_atomic, taken_over, second_atomic = (job.pk for job in Job.objects.enqueue_many(specs))
     with LockWatch(db_url) as watch:
-        first = workers("--concurrency", "3", *LEASE, "--no-housekeeping", settings=RECOVERY)
+        first = workers(
+            "--concurrency",
+            "3",
+            "--queue",
+            "default",
+            *LEASE,
+            "--no-housekeeping",
+            settings=RECOVERY,
+        )
         wait_for(
             lambda: all(
                 _entry(observer, job_id, event)
@@ -114,13 +125,13 @@ def test_a_worker_that_took_over_a_lease_never_waits_on_the_first_workers_heartb
             timeout=30,
             message="the first worker to run all three jobs",
         )
-        second = workers("--concurrency", "2", *LEASE, settings=RECOVERY)
+        second = workers("--concurrency", "2", "--queue", "reports", *LEASE, settings=RECOVERY)
         second_id = second.wait_registered(observer)
         # The plain job's lease runs out (as when the first worker is cut off) and it is
         # recovered; the second worker takes it over.
         observer.execute(
-            "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second' "
-            "WHERE id = %s",
+            "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second', "
+            "queue = 'reports' WHERE id = %s",
             [taken_over],
         )
         assert [job.job_id for job in Job.objects.reap_expired()] == [taken_over]
