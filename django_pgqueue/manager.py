@@ -24,8 +24,8 @@ from django.utils import timezone
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
-from .notices import lease_channel
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
+from .notices import lease_channel
 from .partition import bucket_for
 from .payload import check_key, check_text, encode_arguments
 from .retry import RetryPolicy

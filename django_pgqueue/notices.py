@@ -44,16 +44,16 @@ def parse_notice(payload: str) -> LeaseNotice | None:
     """Return the notice in ``payload``; None if it is not one (never raises)."""
     try:
         data = json.loads(payload)
-        notice = LeaseNotice(
-            worker_id=data["worker"],
-            job_id=data["job"],
-            lease_generation=data["generation"],
-            reason=data["reason"],
+        worker, job, generation, reason = (
+            data["worker"],
+            data["job"],
+            data["generation"],
+            data["reason"],
         )
     except (ValueError, TypeError, KeyError):
         return None
-    if not isinstance(notice.worker_id, str) or not isinstance(notice.reason, str):
+    if not (isinstance(worker, str) and isinstance(reason, str)):
         return None
-    if not isinstance(notice.job_id, int) or not isinstance(notice.lease_generation, int):
+    if not (isinstance(job, int) and isinstance(generation, int)):
         return None
-    return notice
+    return LeaseNotice(worker_id=worker, job_id=job, lease_generation=generation, reason=reason)

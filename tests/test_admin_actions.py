@@ -7,6 +7,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
+from django_pgqueue.manager import JobManager, OperatorResult
 from django_pgqueue.models import Job
 from tests.admin_fixtures import (
     cancelled,
@@ -81,11 +82,39 @@ def test_run_now_makes_scheduled_jobs_ready(client, operator):
     assert list(_log([later.pk, ready.pk])) == [str(later.pk)]
 
 
-def test_cancel_only_pending_jobs(client, operator):
-    pending, live = enqueue(), running()
-    response = post_action(client, INBOX, "cancel", [pending.pk, live.pk])
-    assert statuses([pending.pk, live.pk]) == {pending.pk: "cancelled", live.pk: "processing"}
-    assert messages_of(response)[0] == "Cancelled 1 job."
+def test_cancel_pending_and_running_jobs_but_not_finished_ones(client, operator):
+    pending, live, done = enqueue(), running(queue="emails"), succeeded()
+    ids = [pending.pk, live.pk, done.pk]
+    response = post_action(client, INBOX, "cancel", ids, confirmed=False)
+    assert "Running jobs are cancelled at once" in response.text
+    response = post_action(client, INBOX, "cancel", ids)
+    assert statuses(ids) == {pending.pk: "cancelled", live.pk: "cancelled", done.pk: "succeeded"}
+    stopped = Job.objects.get(pk=live.pk)
+    assert stopped.lease_generation == live.lease_generation + 1  # its lease is revoked
+    assert stopped.last_error == "cancelled from the admin"
+    messages = messages_of(response)
+    assert messages[0] == "Cancelled 2 jobs."
+    assert messages[1] == f"Skipped 1 job (already finished): #{done.pk}."
+    assert _log(ids) == {str(pending.pk): CHANGE, str(live.pk): CHANGE}
+
+
+def test_cancel_reports_a_job_held_by_an_open_transaction(client, operator, monkeypatch):
+    live = running()
+
+    def busy_cancel(self, job_ids, *, reason=None, using=None):
+        # What the manager reports for a row locked past CANCEL_PATIENCE (an atomic
+        # task's open transaction): tests/test_cancel_running.py proves it with a worker.
+        ids = tuple(job_ids)
+        return OperatorResult(done=(), skipped=ids, busy=ids)
+
+    monkeypatch.setattr(JobManager, "cancel", busy_cancel)
+    response = post_action(client, INBOX, "cancel", [live.pk])
+    messages = messages_of(response)
+    assert messages[0] == "Cancelled 0 jobs."
+    assert messages[1].startswith("Not changed, locked by an open transaction")
+    assert f"#{live.pk}" in messages[1]
+    assert len(messages) == 2  # not also listed as "skipped"
+    assert not _log([live.pk])
 
 
 def test_requeue_expired_leases_only(client, operator):

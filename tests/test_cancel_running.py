@@ -119,7 +119,8 @@ def test_a_cancel_whose_notice_is_lost_is_learned_at_the_next_heartbeat(workers,
     )
     before = _db_now(observer)
     learned = _wait_entry(observer, job.pk, "cancelled", timeout=10)
-    print(f"lost notice: learned at the heartbeat after {(learned['at'] - before).total_seconds():.2f} s")
+    waited = (learned["at"] - before).total_seconds()
+    print(f"lost notice: learned at the heartbeat after {waited:.2f} s")
     _assert_cancelled_and_late_completion_refused(observer, worker, job.pk)
 
 
@@ -206,12 +207,16 @@ def test_notices_are_sent_only_on_cancel_and_reap(workers, observer, open_connec
     failing = Job.objects.enqueue("tests.tasks.always_fails", max_attempts=1)
     ids = [job.pk for job in done] + [failing.pk]
     wait_for(
-        lambda: Job.objects.filter(pk__in=ids, status__in=["succeeded", "dead_letter"]).count()
-        == len(ids),
+        lambda: (
+            Job.objects.filter(pk__in=ids, status__in=["succeeded", "dead_letter"]).count()
+            == len(ids)
+        ),
         timeout=30,
     )
     assert list(listen.notifies(timeout=0.5)) == []
-    pending = Job.objects.enqueue("tests.tasks.noop", available_at=_db_now(observer) + dt.timedelta(days=1))
+    pending = Job.objects.enqueue(
+        "tests.tasks.noop", available_at=_db_now(observer) + dt.timedelta(days=1)
+    )
     Job.objects.cancel([pending.pk])
     assert list(listen.notifies(timeout=0.5)) == [], "a pending job has no worker to tell"
     running = Job.objects.enqueue("tests.tasks.ledger_until_cancelled")

@@ -5,8 +5,9 @@ It first shows a confirmation page with the number of jobs; once confirmed, it h
 ids over a chunk at a time. The manager's statements lock rows with SKIP LOCKED: a job a
 worker is claiming or finishing at that very moment is skipped and reported, never
 waited on, and never fails the request (cancel tries such a job again for about a second,
-then reports it as locked: a running atomic task's open transaction holds its row). The action then reports what it did and what it
-skipped, and records one admin log entry per job it changed.
+then reports it as locked: a running atomic task's open transaction holds its row). The
+action then reports what it did and what it skipped, and records one admin log entry per
+job it changed.
 
 "All N matching" (select across) works on the whole filtered set, not only the visible
 page: its ids are read newest first in chunks (keyset on the primary key, so each chunk
@@ -253,7 +254,7 @@ def perform(
         done += len(result.done)
         skipped.extend(job_id for job_id in result.skipped if job_id not in result.busy)
         busy.extend(result.busy)
-    _report(model_admin, request, operation, done, skipped, busy)
+    _report(model_admin, request, operation, done, skipped, busy=busy)
     return_to = _safe_return_to(request)
     return HttpResponseRedirect(return_to) if return_to else None
 
@@ -341,6 +342,7 @@ def _report(
     operation: Operation,
     done: int,
     skipped: list[int],
+    *,
     busy: Sequence[int] = (),
 ) -> None:
     model_admin.message_user(

@@ -714,8 +714,7 @@ class Worker:
         observe.current.leases_lost(len(lost))
         for flight in lost:
             logger.warning(
-                "job %s: lease lost (generation %d): %s; abandoning it, its result will be "
-                "dropped",
+                "job %s: lease lost (generation %d): %s; abandoning it, dropping its result",
                 flight.job.id,
                 flight.job.lease_generation,
                 why,
