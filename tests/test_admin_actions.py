@@ -7,7 +7,6 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
-from django_pgqueue.manager import JobManager, OperatorResult
 from django_pgqueue.models import Job
 from tests.admin_fixtures import (
     cancelled,
@@ -96,25 +95,6 @@ def test_cancel_pending_and_running_jobs_but_not_finished_ones(client, operator)
     assert messages[0] == "Cancelled 2 jobs."
     assert messages[1] == f"Skipped 1 job (already finished): #{done.pk}."
     assert _log(ids) == {str(pending.pk): CHANGE, str(live.pk): CHANGE}
-
-
-def test_cancel_reports_a_job_held_by_an_open_transaction(client, operator, monkeypatch):
-    live = running()
-
-    def busy_cancel(self, job_ids, *, reason=None, using=None):
-        # What the manager reports for a row locked past CANCEL_PATIENCE (an atomic
-        # task's open transaction): tests/test_cancel_running.py proves it with a worker.
-        ids = tuple(job_ids)
-        return OperatorResult(done=(), skipped=ids, busy=ids)
-
-    monkeypatch.setattr(JobManager, "cancel", busy_cancel)
-    response = post_action(client, INBOX, "cancel", [live.pk])
-    messages = messages_of(response)
-    assert messages[0] == "Cancelled 0 jobs."
-    assert messages[1].startswith("Not changed, locked by an open transaction")
-    assert f"#{live.pk}" in messages[1]
-    assert len(messages) == 2  # not also listed as "skipped"
-    assert not _log([live.pk])
 
 
 def test_requeue_expired_leases_only(client, operator):
