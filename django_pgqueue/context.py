@@ -20,8 +20,11 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
     ``attempt`` is the attempt being run (1 on the first run), counted by the database at
     claim time. ``step`` is the progress marker the job recorded last (None at first): a
     multi-step task resumes after it. ``cancelled`` turns true when the worker gave up on
-    the job (its lease was lost, its timeout passed, or the worker is shutting down past
-    its grace period); a long task should check it and stop early. ``schedule`` and
+    the job: an operator cancelled it while it ran, its lease was lost (expired and
+    recovered, or taken over), its timeout passed, or the worker is shutting down past its
+    grace period. A long sync task should check it and stop early (an async task gets
+    ``asyncio.CancelledError`` as well); whatever it returns after a cancel or a lost
+    lease is not recorded. ``schedule`` and
     ``fire_time`` are set for a job a periodic schedule enqueued: the schedule's name and
     the fire time the job is for (aware UTC; for a "run now" job, when the operator
     confirmed it), else None.

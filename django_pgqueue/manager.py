@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -24,6 +25,7 @@ from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
+from .notices import lease_channel
 from .partition import bucket_for
 from .payload import check_key, check_text, encode_arguments
 from .retry import RetryPolicy
@@ -70,6 +72,9 @@ HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
 SCHEDULE_SYNC_LOCK_KEY = 0x3B6F_0E2D_91C4_7A58
 # Largest number of ids an operator statement handles at once.
 OPERATOR_CHUNK = 1000
+#: How long (seconds) a cancel keeps trying a job whose row is locked before it reports
+#: the job busy: longer than any bookkeeping statement, shorter than an admin's patience.
+CANCEL_PATIENCE = 1.0
 # Partition signals one fold takes (the claim folds before it claims).
 FOLD_BATCH = 1000
 # Job ids are bigint.
@@ -308,6 +313,9 @@ class OperatorResult:
 
     done: tuple[int, ...]
     skipped: tuple[int, ...]
+    #: Of the skipped, those the action applied to but whose row stayed locked (a
+    #: running job held by its atomic task's open transaction, say): try again later.
+    busy: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1082,6 +1090,7 @@ class QueueStore:
             "reap_expired",
             limit=limit,
             job_ids=list(job_ids) if job_ids is not None else None,
+            lease_channel=lease_channel(),
             **policy.sql_params(),
         ).rows
         return [ReapedJob(job_id, JobStatus(status), queue) for job_id, status, queue in rows]
@@ -1221,10 +1230,41 @@ class QueueStore:
         return self._operate("run_jobs_now", job_ids, channel=conf.NOTIFY_CHANNEL)
 
     def cancel(self, job_ids: Iterable[int], *, reason: str | None = None) -> OperatorResult:
-        """Cancel pending jobs; running and finished ones are skipped."""
+        """Cancel pending and running jobs; finished ones are skipped.
+
+        A running job ends ``cancelled`` at once; its worker is told and every later
+        write of that attempt is refused. Never waits on a row lock for long: a job whose
+        row stays locked for about a second (held by an atomic task's open transaction)
+        is skipped and listed in ``busy``.
+        """
         if reason is not None:
             check_text("reason", reason)
-        return self._operate("cancel_jobs", job_ids, reason=reason)
+        ids = _unique_ids(job_ids)
+        done: list[int] = []
+        waiting = ids
+        deadline = time.monotonic() + CANCEL_PATIENCE
+        pause = 0.02
+        while True:
+            busy: list[int] = []
+            for start in range(0, len(waiting), OPERATOR_CHUNK):
+                rows = self._run(
+                    "cancel_jobs",
+                    job_ids=waiting[start : start + OPERATOR_CHUNK],
+                    reason=reason,
+                    channel=conf.NOTIFY_CHANNEL,
+                    lease_channel=lease_channel(),
+                ).rows
+                done.extend(row[0] for row in rows if row[1])
+                busy.extend(row[0] for row in rows if not row[1])
+            # A row locked for an instant (a claim, a completion, a lease extension) is
+            # free again within milliseconds; only a long transaction outlasts this.
+            if not busy or time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+            waiting = sorted(busy)
+        result = _operator_result(ids, done)
+        return OperatorResult(result.done, result.skipped, tuple(sorted(busy)))
 
     def discard(self, job_ids: Iterable[int]) -> OperatorResult:
         """Delete finished jobs; pending and running ones are skipped."""
@@ -1691,7 +1731,7 @@ class JobManager(models.Manager["Job"]):
     def cancel(
         self, job_ids: Iterable[int], *, reason: str | None = None, using: str | None = None
     ) -> OperatorResult:
-        """Cancel pending jobs."""
+        """Cancel pending and running jobs; see :meth:`QueueStore.cancel`."""
         return self.store(using).cancel(job_ids, reason=reason)
 
     def discard(self, job_ids: Iterable[int], *, using: str | None = None) -> OperatorResult:

@@ -28,7 +28,8 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded", _("Succeeded")
     #: Gave up: attempts exhausted or the error was permanent. Only an explicit retry revives it.
     DEAD_LETTER = "dead_letter", _("Dead letter")
-    #: Withdrawn before it ran. Only an explicit retry revives it.
+    #: Withdrawn by an operator, before it ran or while it ran (its worker is told to stop
+    #: and cannot record anything for it any more). Only an explicit retry revives it.
     CANCELLED = "cancelled", _("Cancelled")
 
     @property
@@ -55,7 +56,7 @@ class Transition(models.TextChoices):
     RELEASE = "release", _("given back by its lease holder without using an attempt")
     REAP = "reap", _("lease expired, retry after a backoff")
     REAP_EXHAUSTED = "reap_exhausted", _("lease expired on the last attempt")
-    CANCEL = "cancel", _("cancelled before it ran")
+    CANCEL = "cancel", _("cancelled by an operator (pending, or running: its lease is revoked)")
     RETRY = "retry", _("retried by an operator")
     RUN_NOW = "run_now", _("made ready now by an operator")
 
@@ -69,7 +70,10 @@ TRANSITIONS: dict[Transition, tuple[frozenset[JobStatus], JobStatus]] = {
     Transition.RELEASE: (frozenset({JobStatus.PROCESSING}), JobStatus.PENDING),
     Transition.REAP: (frozenset({JobStatus.PROCESSING}), JobStatus.PENDING),
     Transition.REAP_EXHAUSTED: (frozenset({JobStatus.PROCESSING}), JobStatus.DEAD_LETTER),
-    Transition.CANCEL: (frozenset({JobStatus.PENDING}), JobStatus.CANCELLED),
+    Transition.CANCEL: (
+        frozenset({JobStatus.PENDING, JobStatus.PROCESSING}),
+        JobStatus.CANCELLED,
+    ),
     Transition.RETRY: (
         frozenset({JobStatus.DEAD_LETTER, JobStatus.CANCELLED}),
         JobStatus.PENDING,

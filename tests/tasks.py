@@ -531,3 +531,39 @@ def scheduled_probe(context: Any, label: str = "") -> dict[str, Any]:
         "fire_time": fire_time.isoformat() if fire_time else None,
         "label": label,
     }
+
+
+# ---------------------------------------------------------------- cancelling running jobs
+@task(takes_context=True)
+def ledger_until_cancelled(context: Any, seconds: float = 60.0) -> str:
+    """Poll ``context.cancelled`` (ledger "cancelled" when it turns true), then finish anyway.
+
+    The return value is a late completion: it must never be recorded for a cancelled job.
+    """
+    _ledger(context, "start")
+    if context.wait_cancelled(seconds):
+        _ledger(context, "cancelled")
+    _ledger(context, "return")
+    return "late result"
+
+
+@task(takes_context=True)
+async def ledger_async_until_cancelled(context: Any, seconds: float = 60.0) -> str:
+    """Sleep; on CancelledError (ledger "cancelled") swallow it and finish anyway."""
+    _ledger(context, "start")
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        _ledger(context, "cancelled")
+    _ledger(context, "return")
+    return "late result"
+
+
+@task(takes_context=True, atomic=True)
+def ledger_atomic_until_cancelled(context: Any, seconds: float = 60.0) -> str:
+    """An atomic task that never locks its row: a cancel reaches it; its completion fails."""
+    _ledger(context, "start")
+    if context.wait_cancelled(seconds):
+        _ledger(context, "cancelled")
+    _ledger(context, "return")
+    return "late result"

@@ -81,11 +81,20 @@ def test_run_now_makes_scheduled_jobs_ready(client, operator):
     assert list(_log([later.pk, ready.pk])) == [str(later.pk)]
 
 
-def test_cancel_only_pending_jobs(client, operator):
-    pending, live = enqueue(), running()
-    response = post_action(client, INBOX, "cancel", [pending.pk, live.pk])
-    assert statuses([pending.pk, live.pk]) == {pending.pk: "cancelled", live.pk: "processing"}
-    assert messages_of(response)[0] == "Cancelled 1 job."
+def test_cancel_pending_and_running_jobs_but_not_finished_ones(client, operator):
+    pending, live, done = enqueue(), running(queue="emails"), succeeded()
+    ids = [pending.pk, live.pk, done.pk]
+    response = post_action(client, INBOX, "cancel", ids, confirmed=False)
+    assert "Running jobs are cancelled at once" in response.text
+    response = post_action(client, INBOX, "cancel", ids)
+    assert statuses(ids) == {pending.pk: "cancelled", live.pk: "cancelled", done.pk: "succeeded"}
+    stopped = Job.objects.get(pk=live.pk)
+    assert stopped.lease_generation == live.lease_generation + 1  # its lease is revoked
+    assert stopped.last_error == "cancelled from the admin"
+    messages = messages_of(response)
+    assert messages[0] == "Cancelled 2 jobs."
+    assert messages[1] == f"Skipped 1 job (already finished): #{done.pk}."
+    assert _log(ids) == {str(pending.pk): CHANGE, str(live.pk): CHANGE}
 
 
 def test_requeue_expired_leases_only(client, operator):

@@ -112,8 +112,8 @@ def test_missing_job_redirects_with_a_message(client):
         (succeeded, {"discard"}),
         (scheduled, {"run_now", "cancel"}),
         (enqueue, {"cancel"}),
-        (running, set()),
-        (partial(running, expired=True), {"requeue_expired"}),
+        (running, {"cancel"}),
+        (partial(running, expired=True), {"requeue_expired", "cancel"}),
     ],
 )
 def test_buttons_for_the_actions_that_apply(client, make, buttons):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 
 import pytest
 from django.db import transaction
@@ -64,29 +66,68 @@ def test_run_now_makes_scheduled_jobs_ready(store):
     assert len(store.claim("w", ["default"], per_queue=10, lease_seconds=30)) == 2
 
 
-def test_cancel_only_touches_pending_jobs(store):
+def test_cancel_touches_pending_and_running_jobs_and_skips_finished_ones(store):
     pending = store.enqueue(JobSpec("tests.tasks.noop")).job
     running = store.enqueue(JobSpec("tests.tasks.noop", queue="emails")).job
-    store.claim("w", ["emails"], per_queue=1, lease_seconds=30)
-    result = store.cancel([pending.pk, running.pk], reason="not needed")
-    assert result.done == (pending.pk,)
-    assert result.skipped == (running.pk,)
+    (lease,) = [job.lease for job in store.claim("w", ["emails"], per_queue=1, lease_seconds=30)]
+    finished = _dead_letter(store, queue="other")
+    result = store.cancel([pending.pk, running.pk, finished.id], reason="not needed")
+    assert result.done == tuple(sorted([pending.pk, running.pk]))
+    assert result.skipped == (finished.id,)
+    assert result.busy == ()
     job = Job.objects.get(pk=pending.pk)
     assert (job.status, job.last_error) == (JobStatus.CANCELLED, "not needed")
     assert job.finished_at is not None
-    assert Job.objects.get(pk=running.pk).status == JobStatus.PROCESSING
+    job = Job.objects.get(pk=running.pk)
+    assert (job.status, job.last_error, job.lease_expires_at) == (
+        JobStatus.CANCELLED,
+        "not needed",
+        None,
+    )
+    # The lease is revoked: its generation moved on, and every write by it is refused.
+    assert job.lease_generation == lease.lease_generation + 1
+    for write in (
+        lambda: store.complete_if_leased(lease, '"late"'),
+        lambda: store.fail_if_leased(lease, Failure("E", "late")),
+        lambda: store.set_step_if_leased(lease, "late"),
+        lambda: store.extend_lease_if_leased(lease, 30),
+    ):
+        with pytest.raises(LeaseLost):
+            write()
+    assert store.complete_many_if_leased("w", [(lease, '"late"')]) == set()
+    job = Job.objects.get(pk=running.pk)
+    assert (job.status, job.result, job.step) == (JobStatus.CANCELLED, None, None)
 
 
-def test_cancel_skips_a_row_a_worker_is_claiming_right_now(store, make_store):
+def test_cancel_tries_a_locked_row_again_then_reports_it_busy(store, make_store):
     job = store.enqueue(JobSpec("tests.tasks.noop")).job
-    claimer = make_store()
-    conn = claimer.runner.connection
+    holder = make_store()
+    conn = holder.runner.connection
     conn.execute("BEGIN")
     conn.execute("SELECT id FROM django_pgqueue_job WHERE id = %s FOR UPDATE", [job.pk])
-    result = store.cancel([job.pk])  # must not wait for the lock
+    started = time.monotonic()
+    result = store.cancel([job.pk])  # must not wait for the lock for long
+    waited = time.monotonic() - started
     assert result.skipped == (job.pk,)
+    assert result.busy == (job.pk,)
+    assert waited < 10, waited  # about a second (CANCEL_PATIENCE), never indefinitely
     conn.execute("ROLLBACK")
     assert store.cancel([job.pk]).done == (job.pk,)
+
+
+def test_cancel_waits_out_a_lock_held_for_an_instant(store, make_store):
+    job = store.enqueue(JobSpec("tests.tasks.noop")).job
+    holder = make_store()
+    conn = holder.runner.connection
+    conn.execute("BEGIN")
+    conn.execute("SELECT id FROM django_pgqueue_job WHERE id = %s FOR UPDATE", [job.pk])
+    release = threading.Timer(0.1, lambda: conn.execute("ROLLBACK"))
+    release.start()
+    try:
+        result = store.cancel([job.pk])
+    finally:
+        release.join()
+    assert (result.done, result.busy) == ((job.pk,), ())
 
 
 def test_discard_deletes_only_finished_jobs(store):

@@ -156,3 +156,15 @@ def _PsycopgRunner(conn):
     from django_pgqueue.manager import PsycopgRunner
 
     return PsycopgRunner(conn, "default")
+
+
+def test_a_cancelled_running_job_frees_its_partition(store, make_store):
+    first = store.enqueue(JobSpec("tests.tasks.noop", partition_key="p")).job
+    second = store.enqueue(JobSpec("tests.tasks.noop", partition_key="p")).job
+    (head,) = store.claim("w", ["default"], per_queue=10, lease_seconds=30)
+    assert head.id == first.pk
+    assert _claim_ids(store) == []  # the partition is busy
+    assert make_store().cancel([first.pk]).done == (first.pk,)
+    # The partition's next job runs now, not when the cancelled handler returns.
+    assert _claim_ids(store) == [second.pk]
+    assert Partition.objects.get(pk="p").running_id == second.pk

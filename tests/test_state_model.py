@@ -429,9 +429,13 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, job_id: int) -> None:
         job = self.model[job_id]
         result = self.store.cancel([job_id])
-        if job.status == JobStatus.PENDING:
+        if job.status in (JobStatus.PENDING, JobStatus.PROCESSING):
+            # A running job too: its lease is revoked, so every later write by that
+            # lease is refused (the complete/fail/extend rules check it).
             assert result.done == (job_id,)
             job.status = JobStatus.CANCELLED
+            job.lease = None
+            job.lease_expires = None
         else:
             assert result.done == (), f"cancel of {job} did {result}"
 

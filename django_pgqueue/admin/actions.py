@@ -4,8 +4,10 @@ Every action goes through the queue manager (``Job.objects``), never through ORM
 It first shows a confirmation page with the number of jobs; once confirmed, it hands the
 ids over a chunk at a time. The manager's statements lock rows with SKIP LOCKED: a job a
 worker is claiming or finishing at that very moment is skipped and reported, never
-waited on, and never fails the request. The action then reports what it did and what it
-skipped, and records one admin log entry per job it changed.
+waited on, and never fails the request (cancel tries such a job again for about a second,
+then reports it as locked: a running atomic task's open transaction holds its row). The
+action then reports what it did and what it skipped, and records one admin log entry per
+job it changed.
 
 "All N matching" (select across) works on the whole filtered set, not only the visible
 page: its ids are read newest first in chunks (keyset on the primary key, so each chunk
@@ -128,10 +130,12 @@ CANCEL = Operation(
     done=lambda count: (
         ngettext("Cancelled %(count)d job.", "Cancelled %(count)d jobs.", count) % {"count": count}
     ),
-    skip_reason=_("not pending (already running or finished), or being claimed by a worker"),
+    skip_reason=_("already finished"),
     explanation=_(
-        "Pending jobs are cancelled and will not run. Running and finished jobs are "
-        "skipped; a cancelled job can be retried later."
+        "Pending jobs are cancelled and will not run. Running jobs are cancelled at once: "
+        "their worker is told to stop (the task sees context.cancelled, an async task gets "
+        "CancelledError) and whatever the task does afterwards is not recorded. Finished "
+        "jobs are skipped; a cancelled job can be retried later."
     ),
     log_flag=CHANGE,
     log_message="Cancelled from the admin.",
@@ -243,12 +247,14 @@ def perform(
     using = queryset.db
     done = 0
     skipped: list[int] = []
+    busy: list[int] = []
     for chunk in _chunks(target) if across else _split(selected):
         result = operation.apply(chunk, using)
         _log(request, result.done, operation)
         done += len(result.done)
-        skipped.extend(result.skipped)
-    _report(model_admin, request, operation, done, skipped)
+        skipped.extend(job_id for job_id in result.skipped if job_id not in result.busy)
+        busy.extend(result.busy)
+    _report(model_admin, request, operation, done, skipped, busy=busy)
     return_to = _safe_return_to(request)
     return HttpResponseRedirect(return_to) if return_to else None
 
@@ -336,18 +342,32 @@ def _report(
     operation: Operation,
     done: int,
     skipped: list[int],
+    *,
+    busy: Sequence[int] = (),
 ) -> None:
     model_admin.message_user(
         request, operation.done(done), messages.SUCCESS if done else messages.INFO
     )
-    if not skipped:
-        return
-    listed = ", ".join(f"#{job_id}" for job_id in skipped[:LISTED_IDS])
-    if len(skipped) > LISTED_IDS:
+    if skipped:
+        message = ngettext(
+            "Skipped %(count)d job (%(reason)s): %(ids)s.",
+            "Skipped %(count)d jobs (%(reason)s): %(ids)s.",
+            len(skipped),
+        ) % {"count": len(skipped), "reason": operation.skip_reason, "ids": _listed(skipped)}
+        model_admin.message_user(request, message, messages.WARNING)
+    if busy:
+        message = ngettext(
+            "Not changed, locked by an open transaction (an atomic task still running, "
+            "say; try again when it ends): %(ids)s.",
+            "Not changed, locked by open transactions (atomic tasks still running, say; "
+            "try again when they end): %(ids)s.",
+            len(busy),
+        ) % {"ids": _listed(busy)}
+        model_admin.message_user(request, message, messages.WARNING)
+
+
+def _listed(job_ids: Sequence[int]) -> str:
+    listed = ", ".join(f"#{job_id}" for job_id in job_ids[:LISTED_IDS])
+    if len(job_ids) > LISTED_IDS:
         listed += ", …"
-    message = ngettext(
-        "Skipped %(count)d job (%(reason)s): %(ids)s.",
-        "Skipped %(count)d jobs (%(reason)s): %(ids)s.",
-        len(skipped),
-    ) % {"count": len(skipped), "reason": operation.skip_reason, "ids": listed}
-    model_admin.message_user(request, message, messages.WARNING)
+    return listed

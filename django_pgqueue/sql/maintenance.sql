@@ -19,9 +19,11 @@ SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS acquired
 -- Attempts were counted at claim, so a job that kills its worker every time still ends
 -- in dead_letter. SKIP LOCKED and the re-checked WHERE guarantee that a row completed or
 -- extended meanwhile is never touched. job_ids NULL means any expired job.
+-- The worker that held each lease is told at once on the lease channel (notices.py), so a
+-- worker that is alive but was cut off stops work it no longer owns.
 -- Uses pgq_job_lease.
 WITH expired AS (
-    SELECT job.id
+    SELECT job.id, job.claimed_by, job.lease_generation
     FROM django_pgqueue_job AS job
     WHERE job.status = 'processing'
       AND job.lease_expires_at < now()
@@ -57,6 +59,16 @@ reaped AS (
       AND job.status = 'processing'
       AND job.lease_expires_at < now()
     RETURNING job.id, job.status, job.queue, job.partition_key
+),
+told AS (
+    SELECT pg_notify(%(lease_channel)s, json_build_object(
+        'worker', expired.claimed_by,
+        'job', expired.id,
+        'generation', expired.lease_generation,
+        'reason', 'reaped'
+    )::text)
+    FROM expired
+    JOIN reaped ON reaped.id = expired.id
 )
 SELECT reaped.id, reaped.status, reaped.queue
 FROM reaped
@@ -65,6 +77,7 @@ CROSS JOIN (
         SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
     )) AS partitions
 ) AS refreshed
+CROSS JOIN (SELECT count(*) AS notices FROM told) AS notified
 
 
 -- name: prune_finished

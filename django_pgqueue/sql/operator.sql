@@ -2,9 +2,8 @@
 --
 -- Each locks its rows in id order with SKIP LOCKED: a row a worker is touching at that
 -- moment (claiming, completing) is skipped and reported back as such, never waited on,
--- so an admin action cannot block on a busy queue or fail with a lock error. A running
--- job is never changed here; the state machine keeps operators to pending and terminal
--- rows. Rows are found by primary key; "= ANY (ARRAY(...))" keeps that true in the
+-- so an admin action cannot block on a busy queue or fail with a lock error. The only
+-- move of a running job here is cancel_jobs, fenced like the workers' own writes. Rows are found by primary key; "= ANY (ARRAY(...))" keeps that true in the
 -- generic plans of prepared statements.
 -- A partitioned job moved here leaves a partition signal (see enqueue.sql) rather than
 -- refreshing its partition: an operator's transaction may stay open for a while, and a
@@ -84,12 +83,19 @@ FROM readied
 
 
 -- name: cancel_jobs
--- Cancel pending jobs. A job being claimed at this instant is skipped (it runs).
+-- Cancel pending and running jobs. A running job leaves 'processing' with its lease
+-- cleared and its lease generation moved on, so every later fenced write of the worker
+-- that ran it (completion, failure, step, extension) is refused; that worker is told at
+-- once on the lease channel (a hint: its next heartbeat finds the lease gone anyway).
+-- Dependents, if any, are settled by the job table's status trigger like any finish.
+-- A row locked right now (claimed or finished this instant, or held by an atomic task's
+-- open transaction) is not waited on: it comes back with cancelled = false ("busy") and
+-- the manager tries it again briefly. Rows found by primary key.
 WITH target AS (
-    SELECT job.id
+    SELECT job.id, job.status, job.claimed_by, job.lease_generation
     FROM django_pgqueue_job AS job
     WHERE job.id = ANY (%(job_ids)s::bigint[])
-      AND job.status = 'pending'
+      AND job.status IN ('pending', 'processing')
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
 ),
@@ -97,17 +103,57 @@ cancelled AS (
     UPDATE django_pgqueue_job AS job
     SET status = 'cancelled',
         finished_at = now(),
+        lease_expires_at = NULL,
+        lease_generation = job.lease_generation
+            + CASE WHEN job.status = 'processing' THEN 1 ELSE 0 END,
         last_error = COALESCE(%(reason)s, job.last_error)
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
-      AND job.status = 'pending'
-    RETURNING job.id, job.partition_key
+      AND job.status IN ('pending', 'processing')
+    RETURNING job.id, job.queue, job.partition_key
+),
+stopped AS (
+    -- The running ones, with the lease their worker held.
+    SELECT target.id, target.claimed_by, target.lease_generation, cancelled.queue,
+        cancelled.partition_key
+    FROM target
+    JOIN cancelled ON cancelled.id = target.id
+    WHERE target.status = 'processing'
+),
+told AS (
+    SELECT pg_notify(%(lease_channel)s, json_build_object(
+        'worker', stopped.claimed_by,
+        'job', stopped.id,
+        'generation', stopped.lease_generation,
+        'reason', 'cancelled'
+    )::text)
+    FROM stopped
+),
+woken AS (
+    -- A running partitioned job held its partition: wake the queue's workers, whose next
+    -- claim folds the signal below and starts the partition's next job.
+    SELECT pg_notify(%(channel)s, freed.queue)
+    FROM (SELECT DISTINCT stopped.queue FROM stopped WHERE stopped.partition_key IS NOT NULL)
+        AS freed
 ),
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT cancelled.partition_key FROM cancelled
     WHERE cancelled.partition_key IS NOT NULL
+),
+busy AS (
+    -- Cancellable, but locked by someone else at this instant.
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (%(job_ids)s::bigint[])
+      AND job.status IN ('pending', 'processing')
+      AND job.id <> ALL (ARRAY(SELECT target.id FROM target))
 )
-SELECT cancelled.id FROM cancelled
+SELECT cancelled.id, true AS cancelled,
+    (SELECT count(*) FROM told) + (SELECT count(*) FROM woken) AS notified
+FROM cancelled
+UNION ALL
+SELECT busy.id, false AS cancelled, 0 AS notified
+FROM busy
 
 
 -- name: discard_jobs

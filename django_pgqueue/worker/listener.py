@@ -1,4 +1,5 @@
-"""The LISTEN connection: wakes the dispatcher when jobs are enqueued."""
+"""The LISTEN connection: wakes the dispatcher when jobs are enqueued, and passes on
+lease notices (a job this worker runs was cancelled or its lease reaped)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class Listener(threading.Thread):
     A notification is only a hint: its payload names a queue, and a matching one wakes
     the dispatcher to claim. After every (re)connect the dispatcher is woken as well, to
     rescan for anything enqueued while the connection was down.
+
+    The same connection LISTENs on the lease channel (``lease_channel``): each payload
+    goes to ``on_lease_notice``. A notice lost while the connection was down is made up
+    for by the heartbeat, whose next lease extension finds the lease gone.
     """
 
     def __init__(
@@ -35,12 +40,16 @@ class Listener(threading.Thread):
         queues: Collection[str],
         wake: Callable[[], None],
         name: str,
+        lease_channel: str | None = None,
+        on_lease_notice: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__(name="pgqueue-listener", daemon=True)
         self._alias = alias
         self._channel = channel
         self._queues = frozenset(queues)
         self._wake = wake
+        self._lease_channel = lease_channel
+        self._on_lease_notice = on_lease_notice
         self._connection_name = name
         self._stopping = threading.Event()
         self.connected = threading.Event()
@@ -60,13 +69,20 @@ class Listener(threading.Thread):
                     self._alias, application_name=self._connection_name, prepare=False
                 ) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                    if self._lease_channel is not None:
+                        conn.execute(
+                            sql.SQL("LISTEN {}").format(sql.Identifier(self._lease_channel))
+                        )
                     self.connections_made += 1
                     self.connected.set()
                     backoff = 0.1
                     self._wake()  # rescan: notifications sent while we were away are lost
                     while not self._stopping.is_set():
                         for notify in conn.notifies(timeout=_WAIT_SLICE):
-                            if notify.payload in self._queues:
+                            if notify.channel == self._lease_channel:
+                                if self._on_lease_notice is not None:
+                                    self._on_lease_notice(notify.payload)
+                            elif notify.payload in self._queues:
                                 self._wake()
             except CONNECTION_ERRORS as error:
                 self.connected.clear()

@@ -30,6 +30,7 @@ from .. import __version__
 from ..conf import conf
 from ..exceptions import ConfigurationError, JobTimeout, LeaseLost, UnknownTask
 from ..manager import ClaimedJob, Failure, Lease, QueueCounts
+from ..notices import lease_channel, parse_notice
 from ..retry import RetryPolicy
 from ..states import JobStatus, WorkerStatus
 from ..storable import storable_failure, storable_text
@@ -190,6 +191,8 @@ class Worker:
             queues=options.queues,
             wake=self._wake.set,
             name=f"pgqueue listener {self.id}",
+            lease_channel=lease_channel(),
+            on_lease_notice=self._lease_notice,
         )
         self._heartbeat = Heartbeat(
             slot=self._control,
@@ -684,7 +687,20 @@ class Worker:
                 if flight is not None:
                     flight.lease_valid_until = until
 
-    def _leases_lost(self, leases: list[Lease]) -> None:
+    def _lease_notice(self, payload: str) -> None:
+        """Act on a lease notice from the listener: stop an attempt this worker lost."""
+        notice = parse_notice(payload)
+        if notice is None or notice.worker_id != self.id:
+            return
+        why = {
+            "cancelled": "cancelled by an operator",
+            "reaped": "its lease expired and was recovered",
+        }.get(notice.reason, notice.reason)
+        # By (job id, generation): a notice about an older attempt of a job this worker
+        # has since claimed again matches no flight.
+        self._leases_lost([Lease(notice.job_id, notice.lease_generation, self.id)], why=why)
+
+    def _leases_lost(self, leases: list[Lease], *, why: str = "not held any more") -> None:
         with self._flights_lock:
             lost = [
                 flight
@@ -692,13 +708,16 @@ class Worker:
                 if (flight := self._flights.get((lease.job_id, lease.lease_generation))) is not None
                 # An atomic task that committed finished its job: not lost, done.
                 and not flight.committed
+                # Learned once: the notice and the heartbeat may both report it.
+                and not flight.abandoned
             ]
         observe.current.leases_lost(len(lost))
         for flight in lost:
             logger.warning(
-                "job %s: lease lost (generation %d); abandoning it, its result will be dropped",
+                "job %s: lease lost (generation %d): %s; abandoning it, dropping its result",
                 flight.job.id,
                 flight.job.lease_generation,
+                why,
                 extra=job_extra(flight.job),
             )
             self._abandon(flight)
