@@ -55,7 +55,11 @@ def test_pausing_twice_keeps_the_first_pause(transactional_db):
     first = pause_queue("emails", by="alice", reason="first")
     second = pause_queue("emails", by="bob", reason="second")
     assert not second.created
-    assert (second.paused_by, second.reason, second.paused_at) == ("alice", "first", first.paused_at)
+    assert (second.paused_by, second.reason, second.paused_at) == (
+        "alice",
+        "first",
+        first.paused_at,
+    )
     assert list(paused_queues()) == ["emails"]
     assert resume_queue("emails") is not None
     assert resume_queue("emails") is None
@@ -141,8 +145,10 @@ def test_three_workers_stop_starting_jobs_within_a_round_and_resume(workers, obs
     resume_queue("emails")
     everything = ids + meanwhile
     wait_for(
-        lambda: Job.objects.filter(pk__in=everything, status=JobStatus.SUCCEEDED).count()
-        == len(everything),
+        lambda: (
+            Job.objects.filter(pk__in=everything, status=JobStatus.SUCCEEDED).count()
+            == len(everything)
+        ),
         timeout=120,
         message="the queue to drain after the resume",
     )
