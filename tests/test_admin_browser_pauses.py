@@ -25,22 +25,21 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 LAG_SELECTORS = [
     "#pgq-paused-banner",
     "#pgq-queues tbody tr[data-queue='emails'] .pgq-paused",
-    "#pgq-queues tbody tr[data-queue='emails'] .pgq-pause-button",
+    "#pgq-paused-banner .pgq-pause-button",
 ]
 
 
 def _pause_and_resume(driver: Any, base: str, size: Size) -> list[str]:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     _resize(driver, size)
     problems = []
     lag = f"{base}/admin/django_pgqueue/lag/"
     driver.get(lag)
-    button = driver.find_element(
-        By.CSS_SELECTOR, "#pgq-queues tr[data-queue='emails'] .pgq-pause-button"
-    )
-    assert button.text == "Pause"
-    _click_and_wait(driver, button)
+    problems += _check_page(driver, size, "lag", ["#pgq-pause-form"], "")
+    Select(driver.find_element(By.ID, "id_pause_queue")).select_by_value("emails")
+    _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, "#pgq-pause-form [type=submit]"))
     assert "Pause queue “emails”?" in driver.find_element(By.ID, "content-main").text
     problems += _check_page(driver, size, "pause confirmation", ["#id_reason"], "")
     driver.find_element(By.ID, "id_reason").send_keys(f"incident at {size.name} size")
@@ -58,9 +57,9 @@ def _pause_and_resume(driver: Any, base: str, size: Size) -> list[str]:
 
     driver.get(lag)
     button = driver.find_element(
-        By.CSS_SELECTOR, "#pgq-queues tr[data-queue='emails'] .pgq-pause-button"
+        By.CSS_SELECTOR, "#pgq-paused-banner li[data-queue='emails'] .pgq-pause-button"
     )
-    assert button.text == "Resume"
+    assert button.text == "Resume…"
     _click_and_wait(driver, button)
     _click_and_wait(
         driver, driver.find_element(By.CSS_SELECTOR, "#content-main input[type=submit]")

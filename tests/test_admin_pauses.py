@@ -57,6 +57,7 @@ def test_viewers_see_the_pause_but_cannot_pause(client):
     assert "incident 42" in page
     assert "by alice" in page
     assert 'class="pgq-badge pgq-paused"' in page
+    assert "pgq-pause-form" not in page
     assert "pgq-pause-button" not in page
     inbox = client.get(url("django_pgqueue_job_changelist")).content.decode()
     assert 'id="pgq-paused-banner"' in inbox
@@ -69,8 +70,13 @@ def test_viewers_see_the_pause_but_cannot_pause(client):
 def test_operators_get_buttons_and_unknown_queues_a_message(client):
     login(client, "change_job")
     page = client.get(LAG).content.decode()
-    assert "pgq-pause-button" in page
+    assert 'id="pgq-pause-form"' in page
+    assert '<option value="emails">' in page
     assert 'id="pgq-paused-banner"' not in page
+    pause_queue("emails")
+    page = client.get(LAG).content.decode()
+    assert '<option value="emails">' not in page
+    assert f"{RESUME}?queue=emails" in page
     done = client.post(PAUSE, {"queue": "nope", "confirmed": "yes"}, follow=True)
     assert any("'nope' is not one of" in message for message in messages_of(done))
-    assert paused_queues() == {}
+    assert list(paused_queues()) == ["emails"]

@@ -39,7 +39,7 @@ from .filters import (
 from .formatting import moment, status_badge
 from .pagination import EstimatedCountPaginator
 from .parameters import drop_unstorable_parameters
-from .pauses import paused_queues_for
+from .pauses import can_pause, paused_queues_for
 
 __all__ = ["BaseJobAdmin", "JobAdmin"]
 
@@ -231,6 +231,7 @@ class BaseJobAdmin(_ModelAdmin):
             {
                 "title": self.listing_title,
                 "paused": paused_queues_for(self),
+                "can_pause": can_pause(request),
                 **(extra_context or {}),
             },
         )

@@ -252,7 +252,4 @@ def _links(model_admin: _ModelAdmin, queue: str) -> dict[str, str]:
         )
     }
     links["dead_letters"] = f"{dead}?{urlencode({'queue': queue})}"
-    for action in ("pause", "resume"):
-        url = reverse(f"admin:{opts.app_label}_lag_{action}", current_app=site)
-        links[action] = f"{url}?{urlencode({'queue': queue})}"
     return links
