@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from django_pgqueue import pause_queue
 from tests.database import REPO
 from tests.scratch import scratch_database
 from tests.workers import wait_for
@@ -52,6 +53,17 @@ def test_readiness_passes_on_a_migrated_database(db_url):
     result = probe(db_url, "--readiness")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "readiness: ok database 'default' is reachable and migrated"
+
+
+def test_readiness_names_paused_queues_and_still_passes(db_url):
+    pause_queue("emails", by="oncall")
+    result = probe(db_url, "--readiness")
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith(
+        "readiness: ok database 'default' is reachable and migrated; paused queues: emails (since "
+    ), line
+    assert line.endswith(" by oncall)"), line
 
 
 def test_readiness_fails_while_the_database_is_unreachable():
