@@ -64,8 +64,16 @@ def test_debounce_pushes_the_start_later_on_the_database_clock(store, observer):
 def test_a_partitioned_coalesced_job_moved_later_is_not_claimed_early(store):
     spec = JobSpec("tests.tasks.echo", partition_key="p", coalesce_key="k")
     first = store.enqueue(spec)
+    signal_count = (
+        "SELECT count(*) FROM django_pgqueue_partition_signal WHERE partition_key = 'p'"
+    )
+    signals = store.runner.connection.execute(signal_count).fetchone()[0]
+    assert signals == 1  # the insert's own
     moved = store.enqueue(JobSpec(**{**_fields(spec), "debounce": 60}))
     assert moved.id == first.id
+    # The move signals the partition once (the trigger on available_at of migration
+    # 0004), so its claim state is refreshed with the new time.
+    assert store.runner.connection.execute(signal_count).fetchone()[0] == signals + 1
     assert store.claim("w1", ["default"], per_queue=10, lease_seconds=30) == []
     assert store.claim("w1", ["default"], per_queue=10, lease_seconds=30) == []  # folded
 
@@ -99,6 +107,14 @@ def test_the_task_api_returns_the_existing_job(transactional_db):
     assert second.id == first.id
     assert second.args == [2]
     assert Job.objects.count() == 1
+
+
+def test_the_tasks_enqueue_many_with_a_coalesce_key_makes_one_job(transactional_db):
+    results = tasks.echo.using(coalesce_key="reindex:9").enqueue_many(
+        [([1], {}), ([2], {}), ([3], {})]
+    )
+    assert len({result.id for result in results}) == 1
+    assert Job.objects.get().args == [3]
 
 
 @pytest.mark.parametrize(

@@ -191,9 +191,12 @@ woken AS (
     WHERE upserted.available_at <= now()
 ),
 signalled AS (
-    -- Inserted or moved: either way its partition's head may have changed.
+    -- A new partitioned job signals here, as enqueue_at does. A pending one whose start
+    -- the debounce moved is signalled by the trigger on available_at (migration 0004).
     INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT upserted.partition_key FROM upserted WHERE upserted.partition_key IS NOT NULL
+    SELECT upserted.partition_key
+    FROM upserted
+    WHERE upserted.partition_key IS NOT NULL AND upserted.created
 )
 SELECT upserted.*, (SELECT count(*) FROM woken) AS notified
 FROM upserted
