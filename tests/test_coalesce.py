@@ -64,9 +64,7 @@ def test_debounce_pushes_the_start_later_on_the_database_clock(store, observer):
 def test_a_partitioned_coalesced_job_moved_later_is_not_claimed_early(store):
     spec = JobSpec("tests.tasks.echo", partition_key="p", coalesce_key="k")
     first = store.enqueue(spec)
-    signal_count = (
-        "SELECT count(*) FROM django_pgqueue_partition_signal WHERE partition_key = 'p'"
-    )
+    signal_count = "SELECT count(*) FROM django_pgqueue_partition_signal WHERE partition_key = 'p'"
     signals = store.runner.connection.execute(signal_count).fetchone()[0]
     assert signals == 1  # the insert's own
     moved = store.enqueue(JobSpec(**{**_fields(spec), "debounce": 60}))
