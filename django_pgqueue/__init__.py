@@ -21,8 +21,9 @@ from .exceptions import (
 from .states import JobStatus, WorkerStatus
 
 if TYPE_CHECKING:
-    # Type checkers see the real decorator; at run time __getattr__ imports it lazily.
+    # Type checkers see the real names; at run time __getattr__ imports them lazily.
     from .decorators import task
+    from .pausing import pause_queue, paused_queues, resume_queue
 
 __version__ = "0.1.0.dev0"
 
@@ -34,6 +35,11 @@ def __getattr__(name: str) -> object:
         from .decorators import task
 
         return task
+    if name in ("pause_queue", "resume_queue", "paused_queues"):
+        # Pausing needs the models, hence settings: imported on first use too.
+        from . import pausing
+
+        return getattr(pausing, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -52,5 +58,8 @@ __all__ = [
     "UnknownTask",
     "WorkerStatus",
     "__version__",
+    "pause_queue",
+    "paused_queues",
+    "resume_queue",
     "task",
 ]

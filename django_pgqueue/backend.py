@@ -18,6 +18,7 @@ import inspect
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any, Self
 
 from django.apps import apps
@@ -27,6 +28,7 @@ from django.db import DatabaseError, connections
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from .coalescing import check_coalescing
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -82,6 +84,12 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     idempotency_key: str | None = None
     #: Jobs sharing a partition key run one at a time, in enqueue order.
     partition_key: str | None = None
+    #: While a job with this key is pending, enqueueing again returns it (with the newest
+    #: arguments) instead of a new one; once it has started, a new job is made.
+    coalesce_key: str | None = None
+    #: With a coalesce key: each enqueue moves the pending job's start to at least this
+    #: long after it (a timedelta or seconds; database clock).
+    debounce: timedelta | float | None = None
 
     def using(
         self,
@@ -94,6 +102,8 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
         partition_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        coalesce_key: str | None = None,
+        debounce: timedelta | float | None = None,
     ) -> Self:
         """Return a copy with some options changed (validated at once)."""
         changes: dict[str, Any] = {
@@ -107,6 +117,8 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
                 ("partition_key", partition_key),
                 ("max_attempts", max_attempts),
                 ("timeout", timeout),
+                ("coalesce_key", coalesce_key),
+                ("debounce", debounce),
             )
             if value is not None
         }
@@ -258,6 +270,8 @@ class PgQueueBackend(BaseTaskBackend):
             available_at=task.run_after,
             idempotency_key=options.idempotency_key if options else None,
             partition_key=options.partition_key if options else None,
+            coalesce_key=options.coalesce_key if options else None,
+            debounce=options.debounce if options else None,
         )
 
     # ------------------------------------------------------------------ results
@@ -389,6 +403,7 @@ def _validate_options(task: PgQueueTask) -> None:
         raise InvalidOption("atomic", "async tasks cannot be atomic")
     check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
     check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
+    check_coalescing(task.coalesce_key, task.debounce, task.idempotency_key)
 
 
 def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:

@@ -9,6 +9,7 @@ knows them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, overload
 
 from .backend import PgQueueTask
@@ -39,6 +40,8 @@ def task(
     atomic: bool = False,
     idempotency_key: str | None = None,
     partition_key: str | None = None,
+    coalesce_key: str | None = None,
+    debounce: timedelta | float | None = None,
 ) -> Callable[[Callable[..., Any]], PgQueueTask]: ...
 
 
@@ -55,6 +58,8 @@ def task(
     atomic: bool = False,
     idempotency_key: str | None = None,
     partition_key: str | None = None,
+    coalesce_key: str | None = None,
+    debounce: timedelta | float | None = None,
 ) -> PgQueueTask | Callable[[Callable[..., Any]], PgQueueTask]:
     """Declare a task run by django-pgqueue; use it like ``django.tasks.task``.
 
@@ -80,6 +85,8 @@ def task(
             atomic=atomic,
             idempotency_key=idempotency_key,
             partition_key=partition_key,
+            coalesce_key=coalesce_key,
+            debounce=debounce,
         )
 
     if function is not None:

@@ -7,6 +7,8 @@ each returns a :class:`ProbeResult` whose reason is one line, printed by the com
   heartbeating (hung, or gone). It passes while the database is unreachable: no worker
   can heartbeat then, and restarting every worker pod would not bring the database back.
 * Readiness asks whether the database can serve the queue now: reachable, and migrated.
+  Paused queues are named in its line but do not fail it: a pause is an operator's
+  decision, and the deployment can still enqueue.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def readiness(alias: str, *, connect_timeout: int = 5) -> ProbeResult:
     except psycopg.OperationalError as error:
         return ProbeResult(False, f"database {alias!r} is unreachable: {_first_line(error)}")
     try:
-        missing = QueueStore(PsycopgRunner(conn, alias)).missing_tables(queue_tables())
+        store = QueueStore(PsycopgRunner(conn, alias))
+        missing = store.missing_tables(queue_tables())
+        paused = {} if missing else store.paused_queues()
     finally:
         conn.close()
     fix = f"run manage.py migrate --database {alias}"
@@ -69,7 +73,14 @@ def readiness(alias: str, *, connect_timeout: int = 5) -> ProbeResult:
             f"database {alias!r} has unapplied {APP_LABEL} migrations "
             f"({', '.join(unapplied)}): {fix}",
         )
-    return ProbeResult(True, f"database {alias!r} is reachable and migrated")
+    reason = f"database {alias!r} is reachable and migrated"
+    if paused:
+        reason += "; paused queues: " + ", ".join(
+            f"{pause.queue} (since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z}"
+            f"{f' by {pause.paused_by}' if pause.paused_by else ''})"
+            for pause in paused.values()
+        )
+    return ProbeResult(True, reason)
 
 
 def liveness(

@@ -14,13 +14,14 @@ import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
 from django.db import connections, models
 from django.utils import timezone
 
+from .coalescing import check_coalescing
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
@@ -54,6 +55,7 @@ __all__ = [
     "Lease",
     "LeaseExtension",
     "OperatorResult",
+    "PausedQueue",
     "PausedSchedule",
     "PsycopgRunner",
     "QueueStore",
@@ -99,6 +101,11 @@ class JobSpec:
     #: W3C traceparent of the span that enqueued the job (None: the current span's, if
     #: OpenTelemetry is installed and a span is active).
     traceparent: str | None = None
+    #: While a job with this key is pending, enqueueing returns it (with these
+    #: arguments) instead of inserting another; see sql/enqueue.sql, enqueue_coalesced.
+    coalesce_key: str | None = None
+    #: With a coalesce key: start the job no sooner than this after the latest enqueue.
+    debounce: timedelta | float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +139,7 @@ class JobSnapshot:
     step: str | None
     unknown_task_since: datetime | None
     traceparent: str | None
+    coalesce_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -167,7 +175,8 @@ class Enqueued:
         *,
         pending: tuple[int, datetime, datetime, Mapping[str, Any]] | None = None,
     ) -> None:
-        #: False when an existing job already held the idempotency key (and was returned).
+        #: False when an existing job already held the idempotency key or the (pending)
+        #: coalesce key, and was returned.
         self.created = created
         #: The database alias the job was written to.
         self.alias = alias
@@ -627,6 +636,18 @@ class DeadLetterGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """A paused queue: who paused it, when (database clock) and why."""
+
+    queue: str
+    paused_at: datetime
+    paused_by: str
+    reason: str
+    #: False when the queue was already paused (this pause is the earlier one).
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionBlocker:
     """The job a partitioned job waits for."""
 
@@ -695,6 +716,8 @@ class QueueStore:
         """
         params = _validated(spec, _Defaults.read())
         channel = conf.NOTIFY_CHANNEL
+        if spec.coalesce_key is not None:
+            return self._enqueue_coalesced(spec, params)
         if params["idempotency_key"] is None:
             # The common cases get plain INSERT statements (see sql/enqueue.sql).
             unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
@@ -717,18 +740,50 @@ class QueueStore:
         # The holder was deleted in between (pruned or discarded): the key is free again.
         return self.enqueue(spec)
 
+    def _enqueue_coalesced(self, spec: JobSpec, params: dict[str, Any]) -> Enqueued:
+        key, seconds = check_coalescing(spec.coalesce_key, spec.debounce, spec.idempotency_key)
+        unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
+        found = self._run(
+            "enqueue_coalesced",
+            channel=conf.NOTIFY_CHANNEL,
+            coalesce_key=key,
+            debounce_seconds=seconds,
+            **unkeyed,
+        ).dicts()
+        if found:
+            return Enqueued(
+                JobSnapshot.from_row(found[0]), bool(found[0]["created"]), self.runner.alias
+            )
+        # The key is held by a pending job of another task (left unchanged): return it.
+        holder = self._run("select_by_coalesce_key", coalesce_key=key).dicts()
+        if holder:
+            return Enqueued(JobSnapshot.from_row(holder[0]), False, self.runner.alias)
+        return self._enqueue_coalesced(spec, params)  # claimed in between: the key is free
+
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[Enqueued]:
         """Insert many jobs with one statement; return one outcome per spec, in order.
 
         Validates every spec before writing anything. Specs sharing an idempotency key
-        (with each other or with existing jobs) resolve to the same job. The outcomes
-        carry snapshots; ``outcome.job`` builds a model instance only when asked for.
+        (with each other or with existing jobs) resolve to the same job. Specs with a
+        coalesce key are enqueued one statement each, in input order, after the others
+        (two of them sharing a key resolve to the same job, with the later one's
+        arguments). The outcomes carry snapshots; ``outcome.job`` builds a model
+        instance only when asked for.
         """
         specs = list(specs)
         if not specs:
             return []
         defaults = _Defaults.read()
         prepared = [_validated(spec, defaults, position=index) for index, spec in enumerate(specs)]
+        if any(spec.coalesce_key is not None for spec in specs):
+            plain = [index for index, spec in enumerate(specs) if spec.coalesce_key is None]
+            results: dict[int, Enqueued] = dict(
+                zip(plain, self.enqueue_many([specs[index] for index in plain]), strict=True)
+            )
+            for index, spec in enumerate(specs):
+                if spec.coalesce_key is not None:
+                    results[index] = self._enqueue_coalesced(spec, prepared[index])
+            return [results[index] for index in range(len(specs))]
         rows = self._run(
             "enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=_jobs_document(prepared)
         ).rows
@@ -1371,6 +1426,34 @@ class QueueStore:
         rows = self._run("worker_heartbeats", hostname=hostname, worker_id=worker_id).dicts()
         return [WorkerHeartbeat(**row) for row in rows]
 
+    # ------------------------------------------------------------------ paused queues
+    # sql/flow.sql: pause and resume; claim_batch (sql/lease.sql) skips paused queues.
+    def pause_queue(self, queue: str, *, paused_by: str, reason: str) -> PausedQueue:
+        """Pause ``queue`` (from the next claim round on); return its pause.
+
+        A queue already paused keeps its first pause, returned with ``created`` False.
+        Runs in the connection's current transaction: the pause holds once it commits.
+        """
+        rows = self._run("pause_queue", queue=queue, paused_by=paused_by, reason=reason).dicts()
+        if not rows:  # a concurrent pause committed after this statement's snapshot
+            return self.pause_queue(queue, paused_by=paused_by, reason=reason)
+        return PausedQueue(**rows[0])
+
+    def resume_queue(self, queue: str) -> PausedQueue | None:
+        """Resume ``queue`` and wake its workers; return the pause removed (None: none)."""
+        rows = self._run("resume_queue", queue=queue, channel=conf.NOTIFY_CHANNEL).rows
+        if not rows:
+            return None
+        name, paused_at, paused_by, reason, _notified = rows[0]
+        return PausedQueue(name, paused_at, paused_by, reason, created=False)
+
+    def paused_queues(self) -> dict[str, PausedQueue]:
+        """Return every paused queue, by name."""
+        return {
+            row["queue"]: PausedQueue(**row, created=False)
+            for row in self._run("paused_queues").dicts()
+        }
+
     # ------------------------------------------------------------------ schedules
     # sql/schedules.sql: the workers' sync and firing, the Schedules admin page's actions.
     def lock_schedule_sync(self) -> None:
@@ -1557,6 +1640,8 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
     idempotency_key = spec.idempotency_key
     if idempotency_key is not None:
         check_key("idempotency_key", idempotency_key, max_length=KEY_MAX_LENGTH)
+    if spec.coalesce_key is not None or spec.debounce is not None:
+        check_coalescing(spec.coalesce_key, spec.debounce, idempotency_key)
     partition_key = spec.partition_key
     if partition_key is not None:
         check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
@@ -1700,6 +1785,8 @@ class JobManager(models.Manager["Job"]):
         available_at: datetime | None = None,
         idempotency_key: str | None = None,
         partition_key: str | None = None,
+        coalesce_key: str | None = None,
+        debounce: timedelta | float | None = None,
         using: str | None = None,
     ) -> Job:
         """Enqueue one job in the current transaction; see :meth:`QueueStore.enqueue`."""
@@ -1713,6 +1800,8 @@ class JobManager(models.Manager["Job"]):
             available_at=available_at,
             idempotency_key=idempotency_key,
             partition_key=partition_key,
+            coalesce_key=coalesce_key,
+            debounce=debounce,
         )
         return self.store(using).enqueue(spec).job
 

@@ -124,6 +124,14 @@ class Job(models.Model):
         db_comment="When a worker first could not import the task: the start of the "
         "unknown-task window (the time the job was ready). NULL once a worker knows it.",
     )
+    coalesce_key = models.CharField(  # noqa: DJ001
+        _("coalesce key"),
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        db_comment="While the job is pending, enqueueing with this key returns it instead "
+        "of inserting another (pgq_job_coalesce_key).",
+    )
     traceparent = models.TextField(  # noqa: DJ001
         _("trace parent"),
         null=True,
@@ -185,6 +193,15 @@ class Job(models.Model):
                 fields=["queue"],
                 name="pgq_job_unknown_task",
                 condition=_PENDING & Q(unknown_task_since__isnull=False),
+            ),
+            # enqueue_coalesced: ON CONFLICT (coalesce_key) WHERE status = 'pending' AND
+            # coalesce_key IS NOT NULL. UNIQUE in the database (migration 0011 builds it
+            # concurrently with its own statement); a plain Index here because
+            # UniqueConstraint cannot be built CONCURRENTLY.
+            models.Index(
+                fields=["coalesce_key"],
+                name="pgq_job_coalesce_key",
+                condition=_PENDING & Q(coalesce_key__isnull=False),
             ),
             # prune_finished and finished-at filters in the admin.
             models.Index(
@@ -502,3 +519,26 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class QueuePause(models.Model):
+    """A paused queue: while its row exists, no claim starts the queue's jobs.
+
+    Written by :func:`django_pgqueue.pause_queue` (and the admin and ``pausequeue``);
+    the claim statement reads it on every round (sql/lease.sql, claim_batch).
+    """
+
+    queue = models.CharField(_("queue"), primary_key=True, max_length=QUEUE_MAX_LENGTH)
+    paused_at = models.DateTimeField(_("paused at"), db_default=Now())
+    paused_by = models.CharField(_("paused by"), max_length=150, blank=True, default="")
+    reason = models.TextField(_("reason"), blank=True, default="")
+
+    class Meta:
+        db_table = "django_pgqueue_queue_pause"
+        db_table_comment = "django-pgqueue paused queues; the claim skips them."
+        verbose_name = _("queue pause")
+        verbose_name_plural = _("queue pauses")
+        ordering = ("queue",)
+
+    def __str__(self) -> str:
+        return self.queue

@@ -100,6 +100,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "cancel_jobs": {"job_ids": [1, 2], "reason": None},
     "discard_jobs": {"job_ids": [1, 2]},
     "select_by_idempotency_keys": {"idempotency_keys": ["a", "b"]},
+    "select_by_coalesce_key": {"coalesce_key": "a"},
     "jobs_by_keys": {"keys": ["a", "b"]},
     "partitions_out_of_date": {"after_key": "", "scan_limit": 1000},
 }
@@ -128,6 +129,7 @@ EXPECTED_INDEXES = {
     "retry_jobs": {"pgq_job_revivable", *PRIMARY_KEY},
     "select_by_idempotency_keys": {"pgq_job_idempotency_key"},
     "jobs_by_keys": {"pgq_job_idempotency_key"},
+    "select_by_coalesce_key": {"pgq_job_coalesce_key"},
 }
 ANY_OF = {"prune_dead_letters", "retry_jobs"}
 
@@ -147,6 +149,7 @@ def test_every_job_table_statement_is_covered():
         "enqueue_at",
         "enqueue_idempotent",
         "enqueue_many",
+        "enqueue_coalesced",
         "fire_schedule",
         "run_schedule_now",
     }

@@ -11,6 +11,7 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from django_pgqueue import pause_queue
 from django_pgqueue.manager import QueueCounts
 from tests.admin_fixtures import (
     dead_letter,
@@ -71,6 +72,7 @@ def test_scrape_reports_each_queue(client):
     )
     _register_worker("web-1:1", ["emails", "default"], seen_seconds_ago=1)
     _register_worker("web-2:2", ["emails"], seen_seconds_ago=3600)
+    pause_queue("emails", by="oncall")
 
     samples = scrape(client)
 
@@ -92,6 +94,8 @@ def test_scrape_reports_each_queue(client):
     assert value(samples, "pgqueue_workers", state="live", **emails) == 1
     assert value(samples, "pgqueue_workers", state="silent", **emails) == 1
     assert value(samples, "pgqueue_workers", state="live", queue="default") == 1
+    assert value(samples, "pgqueue_queue_paused", **emails) == 1
+    assert value(samples, "pgqueue_queue_paused", queue="default") == 0
     # A queue no backend configures still shows up once it holds jobs.
     assert value(samples, "pgqueue_ready_jobs", queue="unconfigured") == 1
     # Configured queues with nothing in them report zeros rather than vanishing.

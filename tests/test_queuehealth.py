@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from django_pgqueue import pause_queue
 from tests.database import REPO
 from tests.scratch import scratch_database
 from tests.workers import wait_for
@@ -54,6 +55,17 @@ def test_readiness_passes_on_a_migrated_database(db_url):
     assert result.stdout.strip() == "readiness: ok database 'default' is reachable and migrated"
 
 
+def test_readiness_names_paused_queues_and_still_passes(db_url):
+    pause_queue("emails", by="oncall")
+    result = probe(db_url, "--readiness")
+    assert result.returncode == 0, result.stderr
+    line = result.stdout.strip()
+    assert line.startswith(
+        "readiness: ok database 'default' is reachable and migrated; paused queues: emails (since "
+    ), line
+    assert line.endswith(" by oncall)"), line
+
+
 def test_readiness_fails_while_the_database_is_unreachable():
     url = f"postgresql://postgres@127.0.0.1:{_free_port()}/nothing_listens_here"
     line = _one_failure_line(probe(url, "--readiness"), "readiness")
@@ -73,7 +85,7 @@ def test_readiness_fails_with_a_migration_missing():
         env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
         # Every table there, the newest migration not recorded as applied (a deploy whose
         # migrate step has not run yet, once the tables of earlier releases exist).
-        for args in (["django_pgqueue"], ["django_pgqueue", "0007", "--fake"]):
+        for args in (["django_pgqueue"], ["django_pgqueue", "0008", "--fake"]):
             subprocess.run(
                 [sys.executable, "-m", "tests.manage", "migrate", "-v0", *args],
                 cwd=REPO,
@@ -82,7 +94,7 @@ def test_readiness_fails_with_a_migration_missing():
                 timeout=90,
             )
         line = _one_failure_line(probe(url, "--readiness"), "readiness")
-    assert "has unapplied django_pgqueue migrations (0008_schedules" in line
+    assert "has unapplied django_pgqueue migrations (0011_pause_and_coalesce" in line
 
 
 def test_liveness_follows_a_real_worker(workers, db_url, observer):

@@ -39,6 +39,7 @@ from .filters import (
 from .formatting import moment, status_badge
 from .pagination import EstimatedCountPaginator
 from .parameters import drop_unstorable_parameters
+from .pauses import can_pause, paused_queues_for
 
 __all__ = ["BaseJobAdmin", "JobAdmin"]
 
@@ -226,7 +227,13 @@ class BaseJobAdmin(_ModelAdmin):
         if redirect is not None:
             return redirect
         return super().changelist_view(
-            request, {"title": self.listing_title, **(extra_context or {})}
+            request,
+            {
+                "title": self.listing_title,
+                "paused": paused_queues_for(self),
+                "can_pause": can_pause(request),
+                **(extra_context or {}),
+            },
         )
 
     # ------------------------------------------------------------------ read-only views

@@ -7,7 +7,8 @@ Registered through the ``Lag`` proxy model (``admin:django_pgqueue_lag``), so th
 it is listed in the admin index and sidebar, and rendered inside the admin site, so
 login, permissions (view permission on jobs) and breadcrumbs work as elsewhere.
 Every figure comes from a read-only query of the queue manager (``sql/admin.sql``, and
-``sql/schema.sql`` for the indexes).
+``sql/schema.sql`` for the indexes). Paused queues are marked, with who paused them and
+since when; the pause and resume buttons lead to :mod:`.pauses`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import urlencode
 from django.contrib import admin
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
@@ -29,12 +30,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..manager import QueueLag, QueueMinute
+from ..manager import PausedQueue, QueueLag, QueueMinute
 from ..models import Job, Lag
 from ..schema import index_problems
 from ..states import JobStatus
 from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
 from .formatting import compact, duration, exact
+from .pauses import can_pause, paused_queues_for, queue_pause_view
 from .queues import configured_queues
 from .svg import ChartPoint, minute_series, throughput_chart
 
@@ -63,6 +65,8 @@ class QueueRow:
     hour: ChartPoint
     chart: SafeString
     links: dict[str, str]
+    #: The queue's pause (None: it is not paused).
+    pause: PausedQueue | None = None
 
     @property
     def lag_display(self) -> str:
@@ -127,6 +131,16 @@ class QueueLagAdmin(_ModelAdmin):
         view = self.admin_site.admin_view(self.lag_view)
         opts = self.opts
         return [
+            path(
+                "pause/",
+                self.admin_site.admin_view(self.pause_view),
+                name=f"{opts.app_label}_lag_pause",
+            ),
+            path(
+                "resume/",
+                self.admin_site.admin_view(self.resume_view),
+                name=f"{opts.app_label}_lag_resume",
+            ),
             path("", view, name=f"{opts.app_label}_{opts.model_name}_changelist"),
             path("", view, name=f"{opts.app_label}_lag"),
         ]
@@ -134,6 +148,14 @@ class QueueLagAdmin(_ModelAdmin):
     def lag_view(self, request: HttpRequest) -> TemplateResponse:
         """Render the lag page."""
         return lag_view(self, request)
+
+    def pause_view(self, request: HttpRequest) -> HttpResponse:
+        """Confirm, then pause a queue (change permission on jobs)."""
+        return queue_pause_view(self, request, "pause")
+
+    def resume_view(self, request: HttpRequest) -> HttpResponse:
+        """Confirm, then resume a queue (change permission on jobs)."""
+        return queue_pause_view(self, request, "resume")
 
 
 def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse:
@@ -147,6 +169,8 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
     measured_at = lags[0].measured_at if lags else timezone.now()
     last_minute = measured_at.replace(second=0, microsecond=0)
 
+    paused = paused_queues_for(model_admin)
+    pauses = {pause.queue: pause for pause in paused}
     by_queue: dict[str, list[QueueMinute]] = defaultdict(list)
     for row in minutes:
         by_queue[row.queue].append(row)
@@ -167,6 +191,7 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
                     axes=False,
                 ),
                 links=_links(model_admin, lag.queue),
+                pause=pauses.get(lag.queue),
             )
         )
     overall = minute_series(minutes, last_minute=last_minute)
@@ -190,6 +215,8 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
         "dead_percent": health.dead_fraction * 100 if health else 0,
         "invalid_indexes": invalid_indexes,
         "measured_at": measured_at,
+        "paused": paused,
+        "can_pause": can_pause(request),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/lag.html", context)

@@ -2,7 +2,8 @@
 
 Only the queue manager runs SQL: every figure comes from a read-only statement of
 ``sql/admin.sql`` (``known_queues``, ``queue_lag``, ``job_table_health``) or
-``sql/metrics.sql`` (``queue_finished_totals``, ``queue_workers``). None of them scans
+``sql/metrics.sql`` (``queue_finished_totals``, ``queue_workers``), or ``sql/flow.sql``
+(``paused_queues``). None of them scans
 the job table: depths go through partial indexes and stop counting at ``count_limit``.
 
 Jobs in a terminal status other than dead letters (succeeded, cancelled) are not counted
@@ -109,6 +110,9 @@ class QueueCollector(Collector):
             families.workers.add_metric([*labels, "live"], workers.live)
             families.workers.add_metric([*labels, "draining"], workers.draining)
             families.workers.add_metric([*labels, "silent"], workers.silent)
+        paused = store.paused_queues()
+        for queue in queues:
+            families.paused.add_metric([alias, queue], 1 if queue in paused else 0)
         health = store.job_table_health()
         if health is not None:
             families.table_bytes.add_metric([alias, "table"], health.table_bytes)
@@ -183,6 +187,11 @@ class _Families:
             "from within PGQUEUE_WORKER_TIMEOUT_SECONDS).",
             labels=[*queue, "state"],
         )
+        self.paused = GaugeMetricFamily(
+            "pgqueue_queue_paused",
+            "1 while the queue is paused (workers start none of its jobs), else 0.",
+            labels=queue,
+        )
         self.table_bytes = GaugeMetricFamily(
             "pgqueue_job_table_bytes",
             "Size of the job table: heap (table), its indexes, and both with TOAST (total).",
@@ -214,5 +223,5 @@ class _Families:
         yield self.lag
         yield from self.finished.values()
         yield from self.wait.values()
-        yield from (self.workers, self.table_bytes, self.tuples, self.vacuumed)
+        yield from (self.workers, self.paused, self.table_bytes, self.tuples, self.vacuumed)
         yield from (self.count_limit, self.duration)

@@ -146,3 +146,66 @@ FROM inserted
 SELECT job.*, false AS created, 0 AS notified
 FROM django_pgqueue_job AS job
 WHERE job.idempotency_key = ANY (%(idempotency_keys)s::text[])
+
+
+-- name: enqueue_coalesced
+-- Insert one job, or update and return the pending job holding its coalesce key.
+-- The pending job takes the newest arguments (the reindex-after-edit case wants the
+-- latest state); its task, queue and priority stay. With a debounce (debounce_seconds
+-- not NULL), its start moves to now() + debounce when that is later; without, its
+-- available_at stays (so a repeatedly coalesced job keeps its place). A job whose
+-- holder is another task is returned unchanged (the WHERE of DO UPDATE; the caller then
+-- reads it with select_by_coalesce_key). Once the holder is claimed (no longer pending)
+-- the key is free: a claim that locked the row makes ON CONFLICT wait for it, then
+-- insert a new job. Uses pgq_job_coalesce_key (the unique partial index).
+WITH upserted AS (
+    INSERT INTO django_pgqueue_job AS job (
+        queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+        lease_generation, available_at, created_at, errors, idempotency_key,
+        partition_key, partition_bucket, traceparent, coalesce_key
+    )
+    VALUES (
+        %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
+        'pending', 0, %(max_attempts)s, 0,
+        GREATEST(
+            COALESCE(%(available_at)s::timestamptz, now()),
+            now() + make_interval(secs => COALESCE(%(debounce_seconds)s::float8, 0))
+        ),
+        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s,
+        %(traceparent)s, %(coalesce_key)s
+    )
+    ON CONFLICT (coalesce_key) WHERE status = 'pending' AND coalesce_key IS NOT NULL
+    DO UPDATE SET
+        args = EXCLUDED.args,
+        kwargs = EXCLUDED.kwargs,
+        available_at = CASE
+            WHEN %(debounce_seconds)s::float8 IS NULL THEN job.available_at
+            ELSE GREATEST(job.available_at, EXCLUDED.available_at)
+        END
+    WHERE job.task_path = EXCLUDED.task_path
+    RETURNING job.*, job.xmax = 0 AS created
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, upserted.queue)
+    FROM upserted
+    WHERE upserted.available_at <= now()
+),
+signalled AS (
+    -- A new partitioned job signals here, as enqueue_at does. A pending one whose start
+    -- the debounce moved is signalled by the trigger on available_at (migration 0004).
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT upserted.partition_key
+    FROM upserted
+    WHERE upserted.partition_key IS NOT NULL AND upserted.created
+)
+SELECT upserted.*, (SELECT count(*) FROM woken) AS notified
+FROM upserted
+
+
+-- name: select_by_coalesce_key
+-- Read the pending job holding a coalesce key (when enqueue_coalesced left it alone).
+-- Uses pgq_job_coalesce_key.
+SELECT job.*, false AS created, 0 AS notified
+FROM django_pgqueue_job AS job
+WHERE job.coalesce_key = %(coalesce_key)s
+  AND job.status = 'pending'

@@ -36,6 +36,12 @@ WITH wanted AS (
     SELECT *
     FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
         WITH ORDINALITY AS wanted (queue, bucket_mask, queue_limit, turn)
+    -- Pause: a paused queue is not served. Read here, in the claim itself, so a pause
+    -- committed before this statement began holds for every worker (one probe per
+    -- queue of the pause table's primary key; the table is empty or nearly).
+    WHERE NOT EXISTS (
+        SELECT 1 FROM django_pgqueue_queue_pause AS paused WHERE paused.queue = wanted.queue
+    )
 ),
 unpartitioned AS (
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, candidate.id, candidate.priority,
