@@ -47,14 +47,15 @@ from .exceptions import (
     UnknownTask,
 )
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
-from .manager import JobSnapshot, JobSpec, QueueStore
+from .manager import JobSnapshot, JobSpec, QueueStore, blocker_ids
 from .payload import check_key
-from .states import JobStatus
+from .states import BlockerFailure, JobStatus
 from .tables import is_undefined_table
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
 
 _STATUS_MAP = {
+    JobStatus.BLOCKED: TaskResultStatus.READY,
     JobStatus.PENDING: TaskResultStatus.READY,
     JobStatus.PROCESSING: TaskResultStatus.RUNNING,
     JobStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
@@ -82,6 +83,11 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     idempotency_key: str | None = None
     #: Jobs sharing a partition key run one at a time, in enqueue order.
     partition_key: str | None = None
+    #: Jobs (task results or job ids) this one runs after: it stays ``blocked`` until
+    #: they have all succeeded.
+    after: tuple[Any, ...] = ()
+    #: If one of them ends dead-lettered or cancelled: "cancel" this job, or "run" it.
+    on_blocker_failure: str = BlockerFailure.CANCEL
 
     def using(
         self,
@@ -94,8 +100,13 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
         partition_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        after: Iterable[Any] | None = None,
+        on_blocker_failure: str | None = None,
     ) -> Self:
-        """Return a copy with some options changed (validated at once)."""
+        """Return a copy with some options changed (validated at once).
+
+        ``after``: task results (or job ids) of jobs this one runs after.
+        """
         changes: dict[str, Any] = {
             name: value
             for name, value in (
@@ -107,6 +118,8 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
                 ("partition_key", partition_key),
                 ("max_attempts", max_attempts),
                 ("timeout", timeout),
+                ("after", None if after is None else tuple(after)),
+                ("on_blocker_failure", on_blocker_failure),
             )
             if value is not None
         }
@@ -177,7 +190,7 @@ class PgQueueBackend(BaseTaskBackend):
         with self._schema_errors():
             outcome = self._store().enqueue(spec)
         inserted = outcome.inserted
-        if inserted is None:
+        if inserted is None or spec.after:
             result = self._result(task, outcome.snapshot)
         else:
             # A new job: everything is known, no snapshot or history to decode.
@@ -258,6 +271,8 @@ class PgQueueBackend(BaseTaskBackend):
             available_at=task.run_after,
             idempotency_key=options.idempotency_key if options else None,
             partition_key=options.partition_key if options else None,
+            after=options.after if options else (),
+            on_blocker_failure=options.on_blocker_failure if options else BlockerFailure.CANCEL,
         )
 
     # ------------------------------------------------------------------ results
@@ -389,6 +404,12 @@ def _validate_options(task: PgQueueTask) -> None:
         raise InvalidOption("atomic", "async tasks cannot be atomic")
     check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
     check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
+    blocker_ids(task.after)
+    if task.on_blocker_failure not in BlockerFailure.values:
+        raise InvalidOption(
+            "on_blocker_failure",
+            f"must be one of {', '.join(BlockerFailure.values)}, not {task.on_blocker_failure!r}",
+        )
 
 
 def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:

@@ -84,12 +84,13 @@ FROM readied
 
 
 -- name: cancel_jobs
--- Cancel pending jobs. A job being claimed at this instant is skipped (it runs).
+-- Cancel pending or blocked jobs. A job being claimed at this instant is skipped (it
+-- runs). A cancelled job's own dependents are settled by the trigger (migration 0009).
 WITH target AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
     WHERE job.id = ANY (%(job_ids)s::bigint[])
-      AND job.status = 'pending'
+      AND job.status IN ('pending', 'blocked')
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
 ),
@@ -99,7 +100,7 @@ cancelled AS (
         finished_at = now(),
         last_error = COALESCE(%(reason)s, job.last_error)
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
-      AND job.status = 'pending'
+      AND job.status IN ('pending', 'blocked')
     RETURNING job.id, job.partition_key
 ),
 signalled AS (
