@@ -17,14 +17,16 @@ def _run(store, job_id, *, fail=False):
     """Claim ``job_id`` (alone in its queue) and complete or dead-letter it."""
     (claimed,) = [
         job
-        for job in store.claim("w", [Job.objects.get(pk=job_id).queue], per_queue=50, lease_seconds=30)
+        for job in store.claim(
+            "w", [Job.objects.get(pk=job_id).queue], per_queue=50, lease_seconds=30
+        )
         if job.id == job_id
     ] or [None]
     assert claimed is not None, f"job {job_id} was not claimable"
     if fail:
         store.fail_if_leased(claimed.lease, Failure("E", "boom", permanent=True))
     else:
-        store.complete_if_leased(claimed.lease, '{"from": %d}' % job_id)
+        store.complete_if_leased(claimed.lease, f'{{"from": {job_id}}}')
     return claimed
 
 
