@@ -527,6 +527,8 @@ class QueueLag:
     dead_letters: int
     #: Pending jobs waiting for a worker that can import their task (a rolling deploy).
     unknown_task: int
+    #: Jobs waiting for the jobs they run after (after=); not part of the lag.
+    blocked: int
     #: When the oldest ready job became ready (None: nothing is ready).
     oldest_ready_at: datetime | None
     measured_at: datetime
