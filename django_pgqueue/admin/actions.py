@@ -157,10 +157,13 @@ CANCEL = Operation(
     done=lambda count: (
         ngettext("Cancelled %(count)d job.", "Cancelled %(count)d jobs.", count) % {"count": count}
     ),
-    skip_reason=_("not pending (already running or finished), or being claimed by a worker"),
+    skip_reason=_(
+        "not pending or blocked (already running or finished), or being claimed by a worker"
+    ),
     explanation=_(
-        "Pending jobs are cancelled and will not run. Running and finished jobs are "
-        "skipped; a cancelled job can be retried later."
+        "Pending and blocked jobs are cancelled and will not run; the jobs waiting for "
+        "them are cancelled too. Running and finished jobs are skipped; a cancelled job "
+        "can be retried later."
     ),
     log_flag=CHANGE,
     log_message="Cancelled from the admin.",
