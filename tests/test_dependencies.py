@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.db import connection, transaction
 
 from django_pgqueue.exceptions import InvalidOption, UnknownDependency
-from django_pgqueue.manager import Failure, JobSpec
+from django_pgqueue.manager import Failure, JobSpec, PsycopgRunner, QueueStore
 from django_pgqueue.models import Dependency, Job
 from django_pgqueue.states import BlockerFailure, JobStatus
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -137,3 +140,72 @@ def test_a_rolled_back_enqueue_leaves_nothing():
     assert not Job.objects.exists()
     assert not Dependency.objects.exists()
     assert connection.in_atomic_block is False
+
+
+def _lock_waiters(observer, application_name):
+    return observer.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND application_name = %s",
+        [application_name],
+    ).fetchone()[0]
+
+
+def test_two_blockers_finishing_in_concurrent_transactions_unblock_the_job(
+    store, open_connection, observer
+):
+    first = store.enqueue(JobSpec("tests.tasks.noop", queue="a")).id
+    second = store.enqueue(JobSpec("tests.tasks.noop", queue="b")).id
+    dependent = store.enqueue(JobSpec("tests.tasks.noop", queue="c", after=[first, second])).id
+    (lease_a,) = store.claim("w1", ["a"], per_queue=1, lease_seconds=30)
+    (lease_b,) = store.claim("w2", ["b"], per_queue=1, lease_seconds=30)
+    one = open_connection(application_name="settle-one")
+    two = open_connection(application_name="settle-two")
+    store_one = QueueStore(PsycopgRunner(one, "default"))
+    store_two = QueueStore(PsycopgRunner(two, "default"))
+    one.execute("BEGIN")
+    store_one.complete_if_leased(lease_a.lease, "1")  # holds the dependent's row lock
+    two.execute("BEGIN")
+    finished = threading.Event()
+
+    def complete_second():
+        store_two.complete_if_leased(lease_b.lease, "2")
+        two.execute("COMMIT")
+        finished.set()
+
+    thread = threading.Thread(target=complete_second)
+    thread.start()
+    # The second settler waits for the first one's lock on the dependent...
+    wait_for(lambda: _lock_waiters(observer, "settle-two"), timeout=10)
+    assert not finished.is_set()
+    one.execute("COMMIT")
+    thread.join(10)
+    # ...and then sees its commit: the job is not left blocked with both blockers done.
+    assert finished.is_set()
+    assert _status(dependent) == JobStatus.PENDING
+
+
+def test_a_blocker_finishing_while_a_dependent_is_enqueued_waits_for_the_edge(
+    store, open_connection, observer
+):
+    blocker = store.enqueue(JobSpec("tests.tasks.noop", queue="a")).id
+    (claimed,) = store.claim("w1", ["a"], per_queue=1, lease_seconds=30)
+    producer = open_connection(application_name="producer")
+    producer.execute("BEGIN")
+    dependent = QueueStore(PsycopgRunner(producer, "default")).enqueue(
+        JobSpec("tests.tasks.noop", queue="c", after=[blocker])
+    )
+    assert dependent.snapshot.status == JobStatus.BLOCKED
+    worker = open_connection(application_name="completer")
+    done = threading.Event()
+
+    def complete():
+        QueueStore(PsycopgRunner(worker, "default")).complete_if_leased(claimed.lease, "1")
+        done.set()
+
+    thread = threading.Thread(target=complete)
+    thread.start()
+    wait_for(lambda: _lock_waiters(observer, "completer"), timeout=10)
+    producer.execute("COMMIT")
+    thread.join(10)
+    assert done.is_set()
+    assert _status(dependent.id) == JobStatus.PENDING
