@@ -209,3 +209,20 @@ def test_a_blocker_finishing_while_a_dependent_is_enqueued_waits_for_the_edge(
     thread.join(10)
     assert done.is_set()
     assert _status(dependent.id) == JobStatus.PENDING
+
+
+def test_a_thousand_step_chain_is_cancelled_and_revived_in_one_go(store):
+    # The cascade is one statement, not a trigger firing level by level: no stack limit.
+    ids = [store.enqueue(JobSpec("tests.tasks.noop")).id]
+    for _ in range(1000):
+        ids.append(store.enqueue(JobSpec("tests.tasks.noop", after=[ids[-1]])).id)
+    assert store.cancel([ids[0]], reason="not needed").done == (ids[0],)
+    assert Job.objects.filter(status=JobStatus.CANCELLED).count() == 1001
+    assert Job.objects.get(pk=ids[-1]).last_error == (
+        f"job {ids[-2]}, which it runs after, ended cancelled"
+    )
+    assert Job.objects.get(pk=ids[1]).last_error == (
+        f"job {ids[0]}, which it runs after, ended cancelled"
+    )
+    store.retry([ids[0]], revive_dependents=True)
+    assert Job.objects.filter(status=JobStatus.BLOCKED).count() == 1000

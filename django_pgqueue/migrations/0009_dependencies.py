@@ -63,6 +63,8 @@ VOLATILE
 AS $function$
 DECLARE
     waiting bigint[];
+    doomed_jobs bigint[];
+    doomed_blockers bigint[];
     woken integer;
 BEGIN
     IF NEW.awaited THEN
@@ -71,19 +73,47 @@ BEGIN
     IF NOT NEW.has_dependents THEN
         RETURN NULL;
     END IF;
-    -- Lock the blocked dependents in id order (every settler locks in that order). Two
-    -- blockers of one job finishing at once in two transactions thus settle it one
-    -- after the other, and the second sees the first's commit in its next statement's
-    -- snapshot: the job cannot be left blocked with every blocker done.
-    -- pgq_dep_blocker, then the primary key.
+    IF NEW.status IN ('dead_letter', 'cancelled') THEN
+        -- Policy "cancel": every blocked job that (transitively, through "cancel" edges)
+        -- runs after this one is cancelled here, in one statement, rather than by this
+        -- trigger firing again level by level: a chain of any length cannot exhaust the
+        -- stack. Each edge is walked once (UNION), however many paths lead to it.
+        -- pgq_dep_blocker, then the primary key.
+        WITH RECURSIVE doomed (job_id, blocker_id) AS (
+            SELECT dep.job_id, dep.blocker_id
+            FROM django_pgqueue_dependency AS dep
+            JOIN django_pgqueue_job AS job ON job.id = dep.job_id
+            WHERE dep.blocker_id = NEW.id
+              AND dep.on_failure = 'cancel'
+              AND job.status = 'blocked'
+            UNION
+            SELECT dep.job_id, dep.blocker_id
+            FROM doomed
+            JOIN django_pgqueue_dependency AS dep ON dep.blocker_id = doomed.job_id
+            JOIN django_pgqueue_job AS job ON job.id = dep.job_id
+            WHERE dep.on_failure = 'cancel'
+              AND job.status = 'blocked'
+        )
+        SELECT array_agg(doomed.job_id), array_agg(doomed.blocker_id)
+        INTO doomed_jobs, doomed_blockers
+        FROM doomed;
+    END IF;
+    -- Lock the blocked dependents (and what the cancel reaches) in id order, in one pass
+    -- (every settler locks in that order). Two blockers of one job finishing at once in
+    -- two transactions thus settle it one after the other, and the second sees the
+    -- first's commit in its next statement's snapshot: the job cannot be left blocked
+    -- with every blocker done. pgq_dep_blocker, then the primary key.
     SELECT array_agg(locked.id ORDER BY locked.id) INTO waiting
     FROM (
         SELECT job.id
         FROM django_pgqueue_job AS job
-        WHERE job.id = ANY (ARRAY(
-            SELECT dep.job_id FROM django_pgqueue_dependency AS dep
-            WHERE dep.blocker_id = NEW.id
-        ))
+        WHERE (
+            job.id = ANY (ARRAY(
+                SELECT dep.job_id FROM django_pgqueue_dependency AS dep
+                WHERE dep.blocker_id = NEW.id
+            ))
+            OR job.id = ANY (COALESCE(doomed_jobs, '{}'))
+        )
           AND job.status = 'blocked'
         ORDER BY job.id
         FOR NO KEY UPDATE
@@ -91,24 +121,39 @@ BEGIN
     IF waiting IS NULL THEN
         RETURN NULL;
     END IF;
-    IF NEW.status IN ('dead_letter', 'cancelled') THEN
-        -- Policy "cancel": the reason names the blocker, as an operator's cancel does.
-        WITH hit AS (
+    IF doomed_jobs IS NOT NULL THEN
+        -- The reason names the job that cancelled it, as an operator's cancel gives one.
+        -- Their own triggers then find nothing left to cancel, and settle only their
+        -- dependents with policy "run" (one level deeper, never more).
+        WITH edge AS (
+            SELECT edge.job_id, edge.blocker_id
+            FROM unnest(doomed_jobs, doomed_blockers) AS edge (job_id, blocker_id)
+        ),
+        cause AS (
+            SELECT DISTINCT ON (edge.job_id) edge.job_id, edge.blocker_id
+            FROM edge
+            ORDER BY edge.job_id, edge.blocker_id = NEW.id DESC, edge.blocker_id
+        ),
+        marked AS (
             UPDATE django_pgqueue_dependency AS dep
             SET cancelled_job = true
-            WHERE dep.blocker_id = NEW.id
-              AND dep.job_id = ANY (waiting)
-              AND dep.on_failure = 'cancel'
-            RETURNING dep.job_id
+            FROM edge
+            WHERE dep.job_id = edge.job_id
+              AND dep.blocker_id = edge.blocker_id
         )
         UPDATE django_pgqueue_job AS job
         SET status = 'cancelled',
             finished_at = now(),
             last_error = format(
-                'job %s, which it runs after, ended %s', NEW.id,
-                replace(NEW.status, '_', '-')
+                'job %s, which it runs after, ended %s', cause.blocker_id,
+                CASE WHEN cause.blocker_id = NEW.id
+                    THEN replace(NEW.status, '_', '-')
+                    ELSE 'cancelled'
+                END
             )
-        WHERE job.id = ANY (ARRAY(SELECT hit.job_id FROM hit))
+        FROM cause
+        WHERE job.id = cause.job_id
+          AND job.id = ANY (waiting)
           AND job.status = 'blocked';
     END IF;
     -- A new statement, a new snapshot: every blocker committed before the locks above
