@@ -49,14 +49,15 @@ from .exceptions import (
     UnknownTask,
 )
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
-from .manager import JobSnapshot, JobSpec, QueueStore
+from .manager import JobSnapshot, JobSpec, QueueStore, blocker_ids
 from .payload import check_key
-from .states import JobStatus
+from .states import BlockerFailure, JobStatus
 from .tables import is_undefined_table
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
 
 _STATUS_MAP = {
+    JobStatus.BLOCKED: TaskResultStatus.READY,
     JobStatus.PENDING: TaskResultStatus.READY,
     JobStatus.PROCESSING: TaskResultStatus.RUNNING,
     JobStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
@@ -90,6 +91,11 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     #: With a coalesce key: each enqueue moves the pending job's start to at least this
     #: long after it (a timedelta or seconds; database clock).
     debounce: timedelta | float | None = None
+    #: Jobs (task results or job ids) this one runs after: it stays ``blocked`` until
+    #: they have all succeeded.
+    after: tuple[Any, ...] = ()
+    #: If one of them ends dead-lettered or cancelled: "cancel" this job, or "run" it.
+    on_blocker_failure: str = BlockerFailure.CANCEL
 
     def using(
         self,
@@ -104,8 +110,13 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
         timeout: float | None = None,
         coalesce_key: str | None = None,
         debounce: timedelta | float | None = None,
+        after: Iterable[Any] | None = None,
+        on_blocker_failure: str | None = None,
     ) -> Self:
-        """Return a copy with some options changed (validated at once)."""
+        """Return a copy with some options changed (validated at once).
+
+        ``after``: task results (or job ids) of jobs this one runs after.
+        """
         changes: dict[str, Any] = {
             name: value
             for name, value in (
@@ -119,6 +130,8 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
                 ("timeout", timeout),
                 ("coalesce_key", coalesce_key),
                 ("debounce", debounce),
+                ("after", None if after is None else tuple(after)),
+                ("on_blocker_failure", on_blocker_failure),
             )
             if value is not None
         }
@@ -189,7 +202,7 @@ class PgQueueBackend(BaseTaskBackend):
         with self._schema_errors():
             outcome = self._store().enqueue(spec)
         inserted = outcome.inserted
-        if inserted is None:
+        if inserted is None or spec.after:
             result = self._result(task, outcome.snapshot)
         else:
             # A new job: everything is known, no snapshot or history to decode.
@@ -272,6 +285,8 @@ class PgQueueBackend(BaseTaskBackend):
             partition_key=options.partition_key if options else None,
             coalesce_key=options.coalesce_key if options else None,
             debounce=options.debounce if options else None,
+            after=options.after if options else (),
+            on_blocker_failure=options.on_blocker_failure if options else BlockerFailure.CANCEL,
         )
 
     # ------------------------------------------------------------------ results
@@ -404,6 +419,12 @@ def _validate_options(task: PgQueueTask) -> None:
     check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
     check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
     check_coalescing(task.coalesce_key, task.debounce, task.idempotency_key)
+    blocker_ids(task.after)
+    if task.on_blocker_failure not in BlockerFailure.values:
+        raise InvalidOption(
+            "on_blocker_failure",
+            f"must be one of {', '.join(BlockerFailure.values)}, not {task.on_blocker_failure!r}",
+        )
 
 
 def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:

@@ -27,7 +27,10 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
     lease is not recorded. ``schedule`` and
     ``fire_time`` are set for a job a periodic schedule enqueued: the schedule's name and
     the fire time the job is for (aware UTC; for a "run now" job, when the operator
-    confirmed it), else None.
+    confirmed it), else None. ``dependency_results`` are the return values of the jobs
+    this one was enqueued ``after=`` (in that order), ``previous_result`` the first of
+    them (a chain step's predecessor); both read the database on first use (from an
+    async task, use ``await context.adependency_results()``).
     """
 
     job_id: int
@@ -40,6 +43,7 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
     _cancel_event: threading.Event = field(default_factory=threading.Event, repr=False)
     _record_step: Callable[[str | None], None] | None = field(default=None, repr=False)
     _step_holder: list[str | None] = field(default_factory=list, repr=False)
+    _dependency_cache: list[list[Any]] = field(default_factory=list, repr=False)
 
     @property
     def attempt(self) -> int:
@@ -60,6 +64,29 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
         """Sleep until cancelled or ``timeout`` passes; return whether it was cancelled."""
         return self._cancel_event.wait(timeout)
 
+    @property
+    def dependency_results(self) -> list[Any]:
+        """Return the results of the jobs this one runs after, in ``after=`` order.
+
+        A blocker that did not succeed (policy "run") contributes None; one deleted
+        since (pruned) is missing.
+        """
+        if not self._dependency_cache:
+            self._dependency_cache.append(_load_dependency_results(self))
+        return self._dependency_cache[0]
+
+    @property
+    def previous_result(self) -> Any:
+        """Return the first of :attr:`dependency_results` (None if there is none)."""
+        results = self.dependency_results
+        return results[0] if results else None
+
+    async def adependency_results(self) -> list[Any]:
+        """Return :attr:`dependency_results`, from an async task."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(lambda: self.dependency_results)()
+
     def set_step(self, step: str | None) -> None:
         """Record progress durably, so a retry can resume after ``step``.
 
@@ -76,3 +103,18 @@ class JobContext(TaskContext):  # type: ignore[type-arg, misc]  # stubs: not fro
 
     def __reduce__(self) -> Any:  # pragma: no cover - contexts never leave the process
         raise TypeError("JobContext cannot be pickled")
+
+
+def _load_dependency_results(context: JobContext) -> list[Any]:
+    from .compat import task_backends
+    from .models import Dependency
+    from .states import JobStatus
+
+    alias = getattr(task_backends[context.task_result.backend], "database", "default")
+    rows = (
+        Dependency.objects.using(alias)
+        .filter(job_id=context.job_id)
+        .order_by("position")
+        .values_list("blocker__status", "blocker__result")
+    )
+    return [result if status == JobStatus.SUCCEEDED else None for status, result in rows]

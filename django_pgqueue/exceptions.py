@@ -27,6 +27,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
+    "UnknownDependency",
     "UnknownQueue",
     "UnknownTask",
     "WorkerShutdown",
@@ -184,6 +185,17 @@ class InvalidOption(EnqueueError):
         self.option = option
         self.reason = reason
         super().__init__(f"{option}: {reason}")
+
+
+class UnknownDependency(EnqueueError):
+    """A job was enqueued ``after=`` jobs that do not exist (nothing was written)."""
+
+    def __init__(self, job_ids: list[int]) -> None:
+        self.job_ids = job_ids
+        super().__init__(
+            f"after= names job(s) that do not exist: {', '.join(map(str, job_ids))} "
+            "(a job can only run after jobs that exist, which makes cycles impossible)"
+        )
 
 
 class InvalidSchedule(ConfigurationError):

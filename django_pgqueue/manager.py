@@ -24,14 +24,20 @@ from django.utils import timezone
 from .coalescing import check_coalescing
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
-from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
+from .exceptions import (
+    InvalidArguments,
+    InvalidOption,
+    LeaseLost,
+    PayloadTooLarge,
+    UnknownDependency,
+)
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .notices import lease_channel
 from .partition import bucket_for
 from .payload import check_key, check_text, encode_arguments
 from .retry import RetryPolicy
 from .sql import QUERIES, Query
-from .states import JobStatus
+from .states import BlockerFailure, JobStatus
 from .tracing import current_traceparent
 
 if TYPE_CHECKING:
@@ -106,6 +112,11 @@ class JobSpec:
     coalesce_key: str | None = None
     #: With a coalesce key: start the job no sooner than this after the latest enqueue.
     debounce: timedelta | float | None = None
+    #: Ids of the jobs this one runs after (it is stored ``blocked`` until they succeed).
+    after: Sequence[Any] = ()
+    #: What it does if one of them ends dead-lettered or cancelled (see
+    #: :class:`~django_pgqueue.states.BlockerFailure`).
+    on_blocker_failure: str = BlockerFailure.CANCEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,6 +544,8 @@ class QueueLag:
     dead_letters: int
     #: Pending jobs waiting for a worker that can import their task (a rolling deploy).
     unknown_task: int
+    #: Jobs waiting for the jobs they run after (after=); not part of the lag.
+    blocked: int
     #: When the oldest ready job became ready (None: nothing is ready).
     oldest_ready_at: datetime | None
     measured_at: datetime
@@ -716,8 +729,12 @@ class QueueStore:
         """
         params = _validated(spec, _Defaults.read())
         channel = conf.NOTIFY_CHANNEL
+        after = params.pop("after")
+        on_failure = params.pop("on_blocker_failure")
         if spec.coalesce_key is not None:
             return self._enqueue_coalesced(spec, params)
+        if after:
+            return self._enqueue_after(params, after, on_failure)
         if params["idempotency_key"] is None:
             # The common cases get plain INSERT statements (see sql/enqueue.sql).
             unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
@@ -775,6 +792,7 @@ class QueueStore:
             return []
         defaults = _Defaults.read()
         prepared = [_validated(spec, defaults, position=index) for index, spec in enumerate(specs)]
+        dependencies = [(p.pop("after"), p.pop("on_blocker_failure")) for p in prepared]
         if any(spec.coalesce_key is not None for spec in specs):
             plain = [index for index, spec in enumerate(specs) if spec.coalesce_key is None]
             results: dict[int, Enqueued] = dict(
@@ -784,6 +802,17 @@ class QueueStore:
                 if spec.coalesce_key is not None:
                     results[index] = self._enqueue_coalesced(spec, prepared[index])
             return [results[index] for index in range(len(specs))]
+        if any(after for after, _ in dependencies):
+            # Each dependent locks its blockers and reads their status: one at a time,
+            # in order (a later spec cannot name an earlier one's id: it has none yet).
+            return [
+                self._enqueue_after(params, after, on_failure)
+                if after
+                else self.enqueue_many([spec])[0]
+                for spec, params, (after, on_failure) in zip(
+                    specs, prepared, dependencies, strict=True
+                )
+            ]
         rows = self._run(
             "enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=_jobs_document(prepared)
         ).rows
@@ -825,6 +854,34 @@ class QueueStore:
                     else:  # deleted in between: enqueue it again
                         outcomes[index] = self.enqueue(spec)
         return [outcome for outcome in outcomes if outcome is not None]
+
+    def _enqueue_after(
+        self, params: dict[str, Any], blocker_ids: list[int], on_failure: str
+    ) -> Enqueued:
+        """Insert a job that runs after ``spec.after``: blocked, pending or cancelled.
+
+        The blockers are locked first (until the caller commits), so none can finish
+        unseen between reading its status and recording the edge; missing ids raise
+        :class:`UnknownDependency` before anything is written.
+        """
+        rows = self._run("lock_blockers", blocker_ids=blocker_ids).rows
+        statuses = {row[0]: JobStatus(row[1]) for row in rows}
+        missing = [job_id for job_id in blocker_ids if job_id not in statuses]
+        if missing:
+            raise UnknownDependency(missing)
+        status, last_error, cancelled_by = _dependent_status(blocker_ids, statuses, on_failure)
+        row = self._run(
+            "enqueue_after",
+            channel=conf.NOTIFY_CHANNEL,
+            status=status,
+            last_error=last_error,
+            cancelled_by=cancelled_by,
+            on_failure=on_failure,
+            blocker_ids=blocker_ids,
+            **{k: v for k, v in params.items() if k != "idempotency_key"},
+        ).rows[0]
+        params = {**params, "status": status, "last_error": last_error}
+        return Enqueued(None, True, self.runner.alias, pending=(row[0], row[1], row[2], params))
 
     def _by_idempotency_keys(self, keys: list[str]) -> dict[str, JobSnapshot]:
         rows = self._run("select_by_idempotency_keys", idempotency_keys=keys).dicts()
@@ -1276,9 +1333,44 @@ class QueueStore:
 
     # ------------------------------------------------------------------ operators
     # Each raises InvalidOption, before any SQL, for an id that is not a bigint integer.
-    def retry(self, job_ids: Iterable[int]) -> OperatorResult:
-        """Revive dead-lettered or cancelled jobs (attempts reset, ready now)."""
-        return self._operate("retry_jobs", job_ids, channel=conf.NOTIFY_CHANNEL)
+    def retry(self, job_ids: Iterable[int], *, revive_dependents: bool = False) -> OperatorResult:
+        """Revive dead-lettered or cancelled jobs (attempts reset, ready now).
+
+        With ``revive_dependents``, the jobs their failure cancelled (and, transitively,
+        the dependents those cancelled) become blocked again, in the same transaction;
+        see :meth:`revive_dependents`.
+        """
+        outcome = self._operate("retry_jobs", job_ids, channel=conf.NOTIFY_CHANNEL)
+        if revive_dependents and outcome.done:
+            self.revive_dependents(outcome.done)
+        return outcome
+
+    def revive_dependents(self, job_ids: Iterable[int]) -> list[int]:
+        """Make the dependents the failure of ``job_ids`` cancelled blocked again.
+
+        Call it in the transaction that retried ``job_ids``; return the revived ids.
+        """
+        ids = _unique_ids(job_ids)
+        return [row[0] for row in self._run("revive_dependents", job_ids=ids).rows]
+
+    def cancelled_dependents(self, job_ids: Iterable[int]) -> dict[int, list[int]]:
+        """Return, per job, the dependents its failure cancelled (still cancelled)."""
+        found: dict[int, list[int]] = {}
+        for blocker_id, job_id, *_ in self._run(
+            "cancelled_dependents", job_ids=_unique_ids(job_ids)
+        ).rows:
+            found.setdefault(blocker_id, []).append(job_id)
+        return found
+
+    def mark_awaited(self, job_id: int) -> tuple[JobStatus, bool] | None:
+        """Ask for a NOTIFY when ``job_id`` finishes; return (status, awaited) or None.
+
+        ``awaited`` is False only while another transaction holds the row (try again).
+        """
+        rows = self._run("mark_awaited", job_id=job_id).rows
+        if not rows:
+            return None
+        return JobStatus(rows[0][0]), bool(rows[0][1])
 
     def run_now(self, job_ids: Iterable[int]) -> OperatorResult:
         """Make scheduled or backing-off pending jobs ready now."""
@@ -1646,7 +1738,19 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
     if partition_key is not None:
         check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
     args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
+    after = blocker_ids(spec.after)
+    if after and idempotency_key is not None:
+        raise InvalidOption("after", "cannot be combined with an idempotency key (yet)")
+    if after and spec.coalesce_key is not None:
+        raise InvalidOption("after", "cannot be combined with a coalesce key")
+    if spec.on_blocker_failure not in BlockerFailure.values:
+        raise InvalidOption(
+            "on_blocker_failure",
+            f"must be one of {', '.join(BlockerFailure.values)}, not {spec.on_blocker_failure!r}",
+        )
     return {
+        "after": after,
+        "on_blocker_failure": str(spec.on_blocker_failure),
         "queue": queue,
         "task_path": task_path,
         "args": args_json,
@@ -1664,6 +1768,44 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[^\x00]*)?$")
 #: Longer than any W3C traceparent version yet (55 characters for version 00).
 TRACEPARENT_MAX_LENGTH = 256
+
+
+def blocker_ids(after: Any) -> list[int]:
+    """Return the job ids of ``after`` (ids, or results/jobs with an id), first ones first."""
+    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
+        raise InvalidOption("after", f"must be a list of jobs or job ids, not {after!r}")
+    ids: list[int] = []
+    for item in after:
+        value = getattr(item, "id", item)
+        if isinstance(value, str) and value.isdigit():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidOption("after", f"{item!r} is not a job, a task result or a job id")
+        if not _MIN_JOB_ID <= value <= _MAX_JOB_ID:
+            raise InvalidOption("after", f"{value} is outside the range of job ids (bigint)")
+        if value not in ids:
+            ids.append(value)
+    return ids
+
+
+def _dependent_status(
+    blocker_ids: list[int], statuses: Mapping[int, JobStatus], on_failure: str
+) -> tuple[JobStatus, str | None, int | None]:
+    """Return (status, last_error, blocker that cancelled it) of a new dependent."""
+    failed = [
+        job_id
+        for job_id in blocker_ids
+        if statuses[job_id] in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED)
+    ]
+    if failed and on_failure == BlockerFailure.CANCEL:
+        # Same words as the settling trigger of migration 0009.
+        first = failed[0]
+        ended = statuses[first].value.replace("_", "-")
+        return JobStatus.CANCELLED, f"job {first}, which it runs after, ended {ended}", first
+    settled = {JobStatus.SUCCEEDED, JobStatus.DEAD_LETTER, JobStatus.CANCELLED}
+    if all(statuses[job_id] in settled for job_id in blocker_ids):
+        return JobStatus.PENDING, None, None
+    return JobStatus.BLOCKED, None, None
 
 
 def _traceparent(given: str | None, defaults: _Defaults) -> str | None:
@@ -1717,7 +1859,7 @@ def _new_snapshot(
         args=json.loads(params["args"]),
         kwargs=json.loads(params["kwargs"]),
         priority=params["priority"],
-        status=JobStatus.PENDING,
+        status=params.get("status", JobStatus.PENDING),
         attempts=0,
         max_attempts=params["max_attempts"],
         lease_generation=0,
@@ -1728,7 +1870,7 @@ def _new_snapshot(
         created_at=created_at,
         started_at=None,
         finished_at=None,
-        last_error=None,
+        last_error=params.get("last_error"),
         last_error_class=None,
         errors=[],
         result=None,
@@ -1787,9 +1929,15 @@ class JobManager(models.Manager["Job"]):
         partition_key: str | None = None,
         coalesce_key: str | None = None,
         debounce: timedelta | float | None = None,
+        after: Sequence[Any] = (),
+        on_blocker_failure: str = BlockerFailure.CANCEL,
         using: str | None = None,
     ) -> Job:
-        """Enqueue one job in the current transaction; see :meth:`QueueStore.enqueue`."""
+        """Enqueue one job in the current transaction; see :meth:`QueueStore.enqueue`.
+
+        ``after``: jobs (ids, jobs or task results) it runs after; it is stored
+        ``blocked`` until they have all succeeded.
+        """
         spec = JobSpec(
             task_path=task_path,
             queue=queue,
@@ -1802,6 +1950,8 @@ class JobManager(models.Manager["Job"]):
             partition_key=partition_key,
             coalesce_key=coalesce_key,
             debounce=debounce,
+            after=tuple(after),
+            on_blocker_failure=on_blocker_failure,
         )
         return self.store(using).enqueue(spec).job
 
@@ -1809,9 +1959,15 @@ class JobManager(models.Manager["Job"]):
         """Enqueue many jobs with one statement; see :meth:`QueueStore.enqueue_many`."""
         return [outcome.job for outcome in self.store(using).enqueue_many(specs)]
 
-    def retry(self, job_ids: Iterable[int], *, using: str | None = None) -> OperatorResult:
-        """Revive dead-lettered or cancelled jobs."""
-        return self.store(using).retry(job_ids)
+    def retry(
+        self,
+        job_ids: Iterable[int],
+        *,
+        revive_dependents: bool = False,
+        using: str | None = None,
+    ) -> OperatorResult:
+        """Revive dead-lettered or cancelled jobs (and, if asked, what they cancelled)."""
+        return self.store(using).retry(job_ids, revive_dependents=revive_dependents)
 
     def run_now(self, job_ids: Iterable[int], *, using: str | None = None) -> OperatorResult:
         """Make scheduled pending jobs ready now."""

@@ -22,10 +22,11 @@ from .limits import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH, WORK
 from .manager import JobManager
 from .partition import BUCKET_COUNT
 from .periodic import SCHEDULE_NAME_MAX_LENGTH
-from .states import TERMINAL_STATUSES, JobStatus, WorkerStatus
+from .states import TERMINAL_STATUSES, BlockerFailure, JobStatus, WorkerStatus
 
 __all__ = [
     "DeadLetter",
+    "Dependency",
     "Job",
     "Lag",
     "Partition",
@@ -140,6 +141,18 @@ class Job(models.Model):
         "each attempt's span links to it.",
     )
 
+    has_dependents = models.BooleanField(
+        _("has dependents"),
+        db_default=False,
+        db_comment="Some job was enqueued after= this one: its status changes settle them "
+        "(the trigger django_pgqueue_job_settle runs only for such rows and awaited ones).",
+    )
+    awaited = models.BooleanField(
+        _("awaited"),
+        db_default=False,
+        db_comment="A wait() is (or was) waiting for this job: its end is NOTIFYed.",
+    )
+
     objects: ClassVar[JobManager] = JobManager()
 
     class Meta:
@@ -202,6 +215,12 @@ class Job(models.Model):
                 fields=["coalesce_key"],
                 name="pgq_job_coalesce_key",
                 condition=_PENDING & Q(coalesce_key__isnull=False),
+            ),
+            # Admin lag page and metrics: blocked jobs per queue (migration 0009).
+            models.Index(
+                fields=["queue"],
+                name="pgq_job_blocked",
+                condition=Q(status=JobStatus.BLOCKED),
             ),
             # prune_finished and finished-at filters in the admin.
             models.Index(
@@ -306,6 +325,73 @@ class Job(models.Model):
     def error_history(self) -> list[dict[str, Any]]:
         """Return the recorded attempts' errors, oldest first."""
         return list(self.errors or [])
+
+
+class Dependency(models.Model):
+    """One edge "``job`` runs after ``blocker``": written only by the queue's SQL.
+
+    Rows are kept after they are satisfied (the dependent reads its blockers' results
+    through them, the admin shows them); deleting either job deletes the edge (foreign
+    keys ON DELETE CASCADE, added by migration 0009).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # pgq_dep_job leads with it
+        related_name="dependencies",
+        verbose_name=_("dependent job"),
+    )
+    blocker = models.ForeignKey(
+        Job,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # pgq_dep_blocker leads with it
+        related_name="dependents",
+        verbose_name=_("runs after"),
+    )
+    position = models.IntegerField(
+        _("position"), db_comment="Index of the blocker in the after= list."
+    )
+    on_failure = models.CharField(
+        _("if it fails"),
+        max_length=8,
+        choices=BlockerFailure.choices,
+        default=BlockerFailure.CANCEL,
+    )
+    wake_channel = models.CharField(
+        _("wake-up channel"),
+        max_length=63,
+        db_comment="NOTIFY channel of the dependent's workers (PGQUEUE_NOTIFY_CHANNEL at "
+        "enqueue): the settling trigger wakes them when the dependent becomes pending.",
+    )
+    cancelled_job = models.BooleanField(
+        _("cancelled the job"),
+        db_default=False,
+        db_comment="The blocker's failure cancelled the dependent: retrying it may revive it.",
+    )
+
+    class Meta:
+        db_table = "django_pgqueue_dependency"
+        db_table_comment = "django-pgqueue: job runs after blocker; written only by queue SQL."
+        verbose_name = _("dependency")
+        verbose_name_plural = _("dependencies")
+        constraints = (
+            # What a job waits for (job page, dependency_results, the unblock check).
+            models.UniqueConstraint(fields=["job", "blocker"], name="pgq_dep_job"),
+            models.CheckConstraint(
+                condition=Q(on_failure__in=BlockerFailure.values), name="pgq_dep_on_failure"
+            ),
+        )
+        indexes = (
+            # What waits for a job (the settling trigger, the job page, revive).
+            models.Index(fields=["blocker", "job"], name="pgq_dep_blocker"),
+        )
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} after #{self.blocker_id}"
 
 
 class DeadLetter(Job):

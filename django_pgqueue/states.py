@@ -11,6 +11,7 @@ from django.utils.translation import gettext_lazy as _
 
 __all__ = [
     "TRANSITIONS",
+    "BlockerFailure",
     "JobStatus",
     "Transition",
     "WorkerStatus",
@@ -20,6 +21,9 @@ __all__ = [
 class JobStatus(models.TextChoices):
     """Where a job is in its life."""
 
+    #: Waiting for the jobs it depends on (``after=``); becomes pending, in the same
+    #: transaction, when the last of them succeeds.
+    BLOCKED = "blocked", _("Blocked")
     #: Waiting to run; ``available_at`` may lie in the future (scheduled or backing off).
     PENDING = "pending", _("Pending")
     #: Claimed by a worker that holds a lease on it.
@@ -56,7 +60,15 @@ class Transition(models.TextChoices):
     RELEASE = "release", _("given back by its lease holder without using an attempt")
     REAP = "reap", _("lease expired, retry after a backoff")
     REAP_EXHAUSTED = "reap_exhausted", _("lease expired on the last attempt")
-    CANCEL = "cancel", _("cancelled by an operator (pending, or running: its lease is revoked)")
+    CANCEL = (
+        "cancel",
+        _(
+            "cancelled by an operator (a running job's lease is revoked), or blocked behind a "
+            "failed job"
+        ),
+    )
+    UNBLOCK = "unblock", _("the jobs it depends on finished (succeeded, or policy 'run')")
+    REVIVE = "revive", _("the job whose failure cancelled it was retried")
     RETRY = "retry", _("retried by an operator")
     RUN_NOW = "run_now", _("made ready now by an operator")
 
@@ -70,10 +82,14 @@ TRANSITIONS: dict[Transition, tuple[frozenset[JobStatus], JobStatus]] = {
     Transition.RELEASE: (frozenset({JobStatus.PROCESSING}), JobStatus.PENDING),
     Transition.REAP: (frozenset({JobStatus.PROCESSING}), JobStatus.PENDING),
     Transition.REAP_EXHAUSTED: (frozenset({JobStatus.PROCESSING}), JobStatus.DEAD_LETTER),
+    # An operator's cancel (a running job's lease is revoked), or a blocked job whose
+    # blocker failed (policy "cancel").
     Transition.CANCEL: (
-        frozenset({JobStatus.PENDING, JobStatus.PROCESSING}),
+        frozenset({JobStatus.PENDING, JobStatus.BLOCKED, JobStatus.PROCESSING}),
         JobStatus.CANCELLED,
     ),
+    Transition.UNBLOCK: (frozenset({JobStatus.BLOCKED}), JobStatus.PENDING),
+    Transition.REVIVE: (frozenset({JobStatus.CANCELLED}), JobStatus.BLOCKED),
     Transition.RETRY: (
         frozenset({JobStatus.DEAD_LETTER, JobStatus.CANCELLED}),
         JobStatus.PENDING,
@@ -85,6 +101,16 @@ TRANSITIONS: dict[Transition, tuple[frozenset[JobStatus], JobStatus]] = {
 def allowed_targets(status: JobStatus) -> frozenset[JobStatus]:
     """Return the statuses a job in ``status`` may move to."""
     return frozenset(target for sources, target in TRANSITIONS.values() if status in sources)
+
+
+class BlockerFailure(models.TextChoices):
+    """What a blocked job does when a job it depends on ends dead-lettered or cancelled."""
+
+    #: Cancel it, with a reason naming the blocker (the default); retrying the blocker
+    #: can revive it.
+    CANCEL = "cancel", _("cancel the dependent")
+    #: Run it anyway, once every job it depends on has finished.
+    RUN = "run", _("run the dependent anyway")
 
 
 class WorkerStatus(models.TextChoices):

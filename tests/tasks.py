@@ -567,3 +567,33 @@ def ledger_atomic_until_cancelled(context: Any, seconds: float = 60.0) -> str:
         _ledger(context, "cancelled")
     _ledger(context, "return")
     return "late result"
+
+
+# ---------------------------------------------------------------- workflows (after=)
+@task(takes_context=True)
+def ledger_price(context: Any, item: int) -> int:
+    """Price one line item (ledgered): its number times ten."""
+    _ledger(context, "start", f"price:{item}")
+    _ledger(context, "end", f"price:{item}")
+    return item * 10
+
+
+@task(takes_context=True)
+def ledger_fan_in(context: Any) -> dict[str, Any]:
+    """Fan in: record the run, return every result it runs after."""
+    results = context.dependency_results
+    _ledger(context, "start", f"fan_in:{len(results)}")
+    _ledger(context, "end", "fan_in")
+    return {"results": results}
+
+
+@task(takes_context=True)
+def ledger_chain_step(context: Any, label: str, seconds: float = 0.0) -> list[str]:
+    """One chain step: its predecessor's list plus its own label (ledgered, may sleep)."""
+    import time
+
+    _ledger(context, "start", label)
+    if seconds:
+        time.sleep(seconds)
+    _ledger(context, "end", label)
+    return [*(context.previous_result or []), label]

@@ -139,6 +139,15 @@ def test_seeded_flows_end_as_expected_after_a_burst_worker(shop_database):
         "WHERE c.email = 'katherine@example.com' AND o.quantity = 3",
     ) == [(0,)]
 
+    # The invoice workflow: three lines priced side by side, then the PDF, once, with all.
+    assert len(_jobs(url, "price_line")) == 3 * len(orders)
+    pdfs = _jobs(url, "render_invoice_pdf")
+    assert sorted(job["args"][-1] for job in pdfs) == sorted(orders)
+    for job in pdfs:
+        assert job["status"] == "succeeded", job
+        assert [line["line"] for line in job["result"]["lines"]] == ["goods", "shipping", "tax"]
+        assert job["result"]["total_cents"] == sum(line["cents"] for line in job["result"]["lines"])
+
     # atomic=True invoices: one per order, numbered without gaps.
     numbers = [row[0] for row in _rows(url, "SELECT number FROM orders_invoice ORDER BY number")]
     assert numbers == [f"INV-{index:06d}" for index in range(1, 10)]
@@ -284,7 +293,8 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
     order_id = int(first.split("/")[2])
     assert "placed; its jobs are queued" in page
     # The order page reads its jobs back through Task.get_result().
-    assert page.count(">READY</td>") == 6
+    # Six follow-ups, and the invoice PDF (blocked until its lines are priced: READY too).
+    assert page.count(">READY</td>") == 7
 
     # The same form again (a double click): the same order, nothing new queued.
     jobs_before = _rows(url, "SELECT count(*) FROM django_pgqueue_job")
@@ -332,7 +342,9 @@ def test_demo_runs_end_to_end_and_reports_what_it_did():
     assert "username 'admin', password 'demo-test-password'" in output
     assert re.search(r"served: +http://127\.0\.0\.1:\d+/admin/", summary)
     assert "as 'admin': the admin page answered HTTP 200" in summary
-    assert re.search(r"jobs: +\d+ pending, \d+ processing, [1-9]\d* succeeded", summary)
+    assert re.search(
+        r"jobs: +\d+ blocked, \d+ pending, \d+ processing, [1-9]\d* succeeded", summary
+    )
     assert re.search(r"dead letters: [1-9]", summary)
     assert "orders:       9 (1 submitted twice), receipts sent 9, invoices 9" in summary
     assert "applied in order: yes" in summary

@@ -103,6 +103,29 @@ PARAMS: dict[str, dict[str, Any]] = {
     "select_by_coalesce_key": {"coalesce_key": "a"},
     "jobs_by_keys": {"keys": ["a", "b"]},
     "partitions_out_of_date": {"after_key": "", "scan_limit": 1000},
+    # Dependencies: the job rows by primary key, edges by pgq_dep_blocker/pgq_dep_job.
+    "lock_blockers": {"blocker_ids": [1, 2]},
+    "enqueue_after": {
+        "queue": "default",
+        "task_path": "t",
+        "args": "[]",
+        "kwargs": "{}",
+        "priority": 0,
+        "status": "blocked",
+        "max_attempts": 3,
+        "available_at": None,
+        "last_error": None,
+        "partition_key": None,
+        "partition_bucket": None,
+        "traceparent": None,
+        "on_failure": "cancel",
+        "channel": "c",
+        "cancelled_by": None,
+        "blocker_ids": [1, 2],
+    },
+    "revive_dependents": {"job_ids": [1, 2]},
+    "cancelled_dependents": {"job_ids": [1, 2]},
+    "mark_awaited": {"job_id": 1},
 }
 
 PRIMARY_KEY = {"django_pgqueue_job_pkey"}
@@ -127,11 +150,13 @@ EXPECTED_INDEXES = {
     },
     # The ids, through the primary key or the index of dead and cancelled jobs.
     "retry_jobs": {"pgq_job_revivable", *PRIMARY_KEY},
+    "revive_dependents": {"pgq_job_revivable", *PRIMARY_KEY},
+    "cancelled_dependents": {"pgq_job_revivable", *PRIMARY_KEY},
     "select_by_idempotency_keys": {"pgq_job_idempotency_key"},
     "jobs_by_keys": {"pgq_job_idempotency_key"},
     "select_by_coalesce_key": {"pgq_job_coalesce_key"},
 }
-ANY_OF = {"prune_dead_letters", "retry_jobs"}
+ANY_OF = {"prune_dead_letters", "retry_jobs", "revive_dependents", "cancelled_dependents"}
 
 
 def test_every_job_table_statement_is_covered():

@@ -64,9 +64,10 @@ def test_scrape_reports_each_queue(client):
     running(queue="emails")
     running(queue="emails", expired=True)
     enqueue(queue="emails", available_at=timezone.now() - dt.timedelta(minutes=5))
-    enqueue(queue="emails")
+    gate = enqueue(queue="emails")
     scheduled(queue="emails")
     enqueue(queue="unconfigured")
+    enqueue(queue="emails", after=[gate.pk])
     store().record_queue_stats(
         [QueueCounts("emails", succeeded=30, failed=2, dead_lettered=1, wait_ms_max=900)]
     )
@@ -80,6 +81,7 @@ def test_scrape_reports_each_queue(client):
     assert value(samples, "pgqueue_jobs", status="pending", **emails) == 3
     assert value(samples, "pgqueue_jobs", status="processing", **emails) == 2
     assert value(samples, "pgqueue_jobs", status="dead_letter", **emails) == 2
+    assert value(samples, "pgqueue_jobs", status="blocked", **emails) == 1
     assert value(samples, "pgqueue_ready_jobs", **emails) == 2
     assert value(samples, "pgqueue_scheduled_jobs", **emails) == 1
     assert value(samples, "pgqueue_unknown_task_jobs", **emails) == 0

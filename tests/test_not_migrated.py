@@ -99,7 +99,8 @@ def test_worker_without_tables_stops_with_one_line(empty_database):
         worker.stop()
     assert lines == [
         "CommandError: the job queue's tables are missing from database 'default' "
-        "(django_pgqueue_job, django_pgqueue_partition, django_pgqueue_partition_signal, "
+        "(django_pgqueue_job, django_pgqueue_dependency, django_pgqueue_partition, "
+        "django_pgqueue_partition_signal, "
         "django_pgqueue_worker, django_pgqueue_queuestat, django_pgqueue_schedule): "
         "run manage.py migrate"
     ]

@@ -89,7 +89,7 @@ def _claim_cost(conn) -> tuple[int, int, set[str]]:
 
 
 def _fill(conn, *, rows: int, partitions: int) -> None:
-    conn.execute("TRUNCATE django_pgqueue_job, django_pgqueue_partition")
+    conn.execute("TRUNCATE django_pgqueue_job, django_pgqueue_dependency, django_pgqueue_partition")
     conn.execute(FILL, {"rows": rows, "partitions": partitions})
     conn.execute(BLOCK)
     conn.execute(REFRESH)

@@ -80,6 +80,9 @@ class ModelJob:
     lease_expires: int | None = None
     permanent_failure: bool = False
     generations: list[int] = field(default_factory=list)
+    #: Jobs it was enqueued after= (blocked until they are settled), and the policy.
+    after: list[int] = field(default_factory=list)
+    on_failure: str = "cancel"
 
 
 def _sort_key(priority: int, available_at: dt.datetime, job_id: int) -> tuple[Any, ...]:
@@ -98,7 +101,8 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.conn = self.store.runner.connection  # type: ignore[attr-defined]
         self.conn.execute(
-            "TRUNCATE django_pgqueue_job, django_pgqueue_partition, django_pgqueue_partition_signal"
+            "TRUNCATE django_pgqueue_job, django_pgqueue_dependency, django_pgqueue_partition, "
+            "django_pgqueue_partition_signal"
         )
         self.model: dict[int, ModelJob] = {}
         self.now = 0
@@ -149,6 +153,35 @@ class QueueMachine(RuleBasedStateMachine):
             )
         ]
 
+    def settle(self, finished: ModelJob) -> None:
+        """Mirror the settling trigger: ``finished`` just ended; settle its dependents."""
+        failed = finished.status in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED)
+        waiting = sorted(
+            job.id
+            for job in self.model.values()
+            if job.status == JobStatus.BLOCKED and finished.id in job.after
+        )
+        for job_id in waiting:
+            job = self.model[job_id]
+            if job.status != JobStatus.BLOCKED:
+                continue
+            if failed and job.on_failure == "cancel":
+                job.status = JobStatus.CANCELLED
+                self.settle(job)
+                continue
+            if all(self.settled_for(self.model[b], job) for b in job.after):
+                job.status = JobStatus.PENDING
+                job.ready_at = max(job.ready_at, self.now)
+
+    @staticmethod
+    def settled_for(blocker: ModelJob, dependent: ModelJob) -> bool:
+        if blocker.status == JobStatus.SUCCEEDED:
+            return True
+        return dependent.on_failure == "run" and blocker.status in (
+            JobStatus.DEAD_LETTER,
+            JobStatus.CANCELLED,
+        )
+
     def is_current(self, lease: Lease) -> bool:
         job = self.model[lease.job_id]
         return job.status == JobStatus.PROCESSING and job.lease == lease
@@ -195,6 +228,49 @@ class QueueMachine(RuleBasedStateMachine):
             job_id, queue, partition, priority, max_attempts, ready_at=self.now + delay
         )
         return job_id
+
+    @rule(
+        target=jobs,
+        blockers=st.lists(jobs, min_size=1, max_size=3),
+        queue=st.sampled_from(QUEUES),
+        partition=st.sampled_from(PARTITIONS),
+        on_failure=st.sampled_from(("cancel", "cancel", "run")),
+    )
+    def enqueue_after(
+        self, blockers: list[int], queue: str, partition: str | None, on_failure: str
+    ) -> int:
+        """Enqueue a job after= existing ones: blocked, pending or cancelled at once."""
+        outcome = self.store.enqueue(
+            JobSpec(
+                "tests.tasks.noop",
+                queue=queue,
+                max_attempts=2,
+                partition_key=partition,
+                after=blockers,
+                on_blocker_failure=on_failure,
+            )
+        )
+        job = ModelJob(
+            outcome.id,
+            queue,
+            partition,
+            0,
+            2,
+            status=JobStatus.BLOCKED,
+            ready_at=self.now,
+            after=list(dict.fromkeys(blockers)),
+            on_failure=on_failure,
+        )
+        self.model[job.id] = job
+        if on_failure == "cancel" and any(
+            self.model[b].status in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED) for b in job.after
+        ):
+            job.status = JobStatus.CANCELLED
+        elif all(self.settled_for(self.model[b], job) for b in job.after):
+            job.status = JobStatus.PENDING
+        assert outcome.snapshot.status == job.status
+        self.checked["enqueued after= other jobs"] += 1
+        return job.id
 
     @rule(
         target=jobs,
@@ -321,6 +397,7 @@ class QueueMachine(RuleBasedStateMachine):
         job = self.model[lease.job_id]
         job.status = JobStatus.SUCCEEDED
         job.lease = None
+        self.settle(job)
 
     @rule(lease=leases, permanent=st.booleans())
     def fail(self, lease: Lease, permanent: bool) -> None:
@@ -334,6 +411,7 @@ class QueueMachine(RuleBasedStateMachine):
         if permanent or job.attempts >= job.max_attempts:
             job.status = JobStatus.DEAD_LETTER
             job.permanent_failure = permanent
+            self.settle(job)
         else:
             job.status = JobStatus.PENDING
             job.ready_at = self.now + BACKOFF
@@ -407,6 +485,7 @@ class QueueMachine(RuleBasedStateMachine):
             job.lease = None
             if job.attempts >= job.max_attempts:
                 job.status = JobStatus.DEAD_LETTER
+                self.settle(job)
             else:
                 job.status = JobStatus.PENDING
                 job.ready_at = self.now + BACKOFF
@@ -429,13 +508,14 @@ class QueueMachine(RuleBasedStateMachine):
     def cancel(self, job_id: int) -> None:
         job = self.model[job_id]
         result = self.store.cancel([job_id])
-        if job.status in (JobStatus.PENDING, JobStatus.PROCESSING):
+        if job.status in (JobStatus.PENDING, JobStatus.BLOCKED, JobStatus.PROCESSING):
             # A running job too: its lease is revoked, so every later write by that
             # lease is refused (the complete/fail/extend rules check it).
             assert result.done == (job_id,)
             job.status = JobStatus.CANCELLED
             job.lease = None
             job.lease_expires = None
+            self.settle(job)
         else:
             assert result.done == (), f"cancel of {job} did {result}"
 

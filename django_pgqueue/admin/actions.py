@@ -44,7 +44,13 @@ if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
     from django.utils.functional import _StrPromise
 
-__all__ = ["OPERATIONS", "Operation", "has_operation_permission", "operation_actions"]
+__all__ = [
+    "OPERATIONS",
+    "RETRY_REVIVE",
+    "Operation",
+    "has_operation_permission",
+    "operation_actions",
+]
 
 #: Job ids listed on the confirmation page and in the report; beyond that, only a count.
 LISTED_IDS = 20
@@ -98,6 +104,29 @@ RETRY = Operation(
     log_flag=CHANGE,
     log_message="Retried now from the admin (attempts reset, ready now).",
 )
+RETRY_REVIVE = Operation(
+    name="retry_and_revive",
+    label=_("Retry and revive dependents"),
+    permission="change",
+    eligible=lambda: Q(status__in=_sources(Transition.RETRY), has_dependents=True),
+    applies=lambda job: job.status in _sources(Transition.RETRY) and job.has_dependents,
+    apply=lambda ids, using: Job.objects.retry(ids, revive_dependents=True, using=using),
+    done=lambda count: (
+        ngettext(
+            "Retried %(count)d job and revived what it cancelled.",
+            "Retried %(count)d jobs and revived what they cancelled.",
+            count,
+        )
+        % {"count": count}
+    ),
+    skip_reason=_("not dead-lettered or cancelled, or being changed by a worker"),
+    explanation=_(
+        "As “Retry now”; besides, the jobs that were cancelled because these failed "
+        "(they ran after them) wait for them again, and run once they succeed."
+    ),
+    log_flag=CHANGE,
+    log_message="Retried now from the admin, reviving the dependents it had cancelled.",
+)
 RUN_NOW = Operation(
     name="run_now",
     label=_("Run now"),
@@ -132,10 +161,11 @@ CANCEL = Operation(
     ),
     skip_reason=_("already finished"),
     explanation=_(
-        "Pending jobs are cancelled and will not run. Running jobs are cancelled at once: "
-        "their worker is told to stop (the task sees context.cancelled, an async task gets "
-        "CancelledError) and whatever the task does afterwards is not recorded. Finished "
-        "jobs are skipped; a cancelled job can be retried later."
+        "Pending and blocked jobs are cancelled and will not run; the jobs waiting for "
+        "them are cancelled too. Running jobs are cancelled at once: their worker is told "
+        "to stop (the task sees context.cancelled, an async task gets CancelledError) and "
+        "whatever the task does afterwards is not recorded. Finished jobs are skipped; a "
+        "cancelled job can be retried later."
     ),
     log_flag=CHANGE,
     log_message="Cancelled from the admin.",
@@ -185,7 +215,8 @@ DISCARD = Operation(
 
 #: Every operation by action name.
 OPERATIONS: dict[str, Operation] = {
-    operation.name: operation for operation in (RETRY, RUN_NOW, CANCEL, REQUEUE, DISCARD)
+    operation.name: operation
+    for operation in (RETRY, RETRY_REVIVE, RUN_NOW, CANCEL, REQUEUE, DISCARD)
 }
 
 
@@ -308,9 +339,30 @@ def _confirmation(
         "return_to": _safe_return_to(request),
         "back_url": _safe_return_to(request) or request.get_full_path(),
         "index": request.POST.get("index", "0"),
+        **_cancelled_dependents(model_admin, request, operation, selected),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/confirm_action.html", context)
+
+
+def _cancelled_dependents(
+    model_admin: ModelAdmin[Any],
+    request: HttpRequest,
+    operation: Operation,
+    selected: Sequence[int | str],
+) -> dict[str, Any]:
+    """Return the jobs the selected jobs' failure cancelled (a retry may revive them)."""
+    if operation.name not in {RETRY.name, RETRY_REVIVE.name} or not selected:
+        return {}
+    store = Job.objects.store(model_admin.get_queryset(request).db)
+    found = store.cancelled_dependents(int(job_id) for job_id in selected)
+    dependents = sorted({job_id for jobs in found.values() for job_id in jobs})
+    return {
+        "cancelled_dependents": dependents[:LISTED_IDS],
+        "cancelled_dependents_count": len(dependents),
+        "revives": operation.name == RETRY_REVIVE.name,
+        "revive_offered": RETRY_REVIVE.name in model_admin.get_actions(request),
+    }
 
 
 def _log(request: HttpRequest, job_ids: Sequence[int], operation: Operation) -> None:

@@ -9,17 +9,26 @@ from __future__ import annotations
 
 from urllib.parse import urlencode
 
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.translation import gettext
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Job
+from ..models import Dependency, Job
 from ..states import JobStatus
-from .actions import DISCARD, RETRY, has_operation_permission, operation_actions
+from .actions import (
+    DISCARD,
+    RETRY,
+    RETRY_REVIVE,
+    has_operation_permission,
+    operation_actions,
+)
 from .filters import (
     NO_ERROR_CLASS,
     CreatedRangeFilter,
@@ -40,7 +49,7 @@ GROUPS_SHOWN = 500
 class DeadLetterAdmin(BaseJobAdmin):
     """Dead-lettered jobs only, with the grouped view and retry/discard actions."""
 
-    list_display = ("id", "task", "status_display", "queue_name", "when", "error")
+    list_display = ("id", "task", "status_display", "queue_name", "when", "error", "dependents")
     list_filter = (
         QueueFilter,
         TaskFilter,
@@ -48,13 +57,41 @@ class DeadLetterAdmin(BaseJobAdmin):
         ("finished_at", FinishedRangeFilter),
         ("created_at", CreatedRangeFilter),
     )
-    actions = operation_actions(RETRY, DISCARD)
+    actions = operation_actions(RETRY, RETRY_REVIVE, DISCARD)
     listing_title = _("Dead letters")
     change_list_template = "django_pgqueue/admin/dead_letter_changelist.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         """Return dead letters only (pgq_job_revivable, newest first)."""
-        return super().get_queryset(request).filter(status=JobStatus.DEAD_LETTER)
+        # Per row, the dependents its failure cancelled (pgq_dep_blocker; a page is 100).
+        cancelled = (
+            Dependency.objects.filter(
+                blocker_id=OuterRef("pk"), cancelled_job=True, job__status=JobStatus.CANCELLED
+            )
+            .order_by()
+            .values("blocker_id")
+            .annotate(count=Count("*"))
+            .values("count")
+        )
+        return (
+            super()
+            .get_queryset(request)
+            .filter(status=JobStatus.DEAD_LETTER)
+            .annotate(cancelled_dependents=Subquery(cancelled))
+        )
+
+    @admin.display(description=_("dependents"), empty_value="")
+    def dependents(self, job: Job) -> SafeString:
+        """Show how many jobs that ran after this one its failure cancelled."""
+        count = getattr(job, "cancelled_dependents", None) or 0
+        if not count:
+            return SafeString("")
+        return format_html(
+            '<a class="pgq-warn" href="{}" title="{}">{}</a>',
+            reverse("admin:django_pgqueue_job_change", args=[job.pk]),
+            _("cancelled because this job failed; “Retry and revive dependents” runs them"),
+            ngettext("%(count)d cancelled", "%(count)d cancelled", count) % {"count": count},
+        )
 
     def get_urls(self) -> list[URLPattern]:
         """Add the grouped view in front of the standard URLs."""

@@ -120,6 +120,7 @@ def render_job_detail(
         "overdue": _overdue(job),
         "scheduled": parse_fire_key(job.idempotency_key),
         **_partition(job),
+        **_dependencies(job),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/job_detail.html", context)
@@ -259,6 +260,37 @@ def _overdue(job: Job) -> bool:
     worker = Worker.objects.using(job._state.db).filter(pk=job.claimed_by).first()
     overdue = (worker.metadata or {}).get("overdue_jobs", []) if worker else []
     return job.pk in overdue
+
+
+#: Jobs listed on each side of a job's dependencies (a fan-in may wait for thousands).
+DEPENDENCIES_SHOWN = 50
+
+
+def _dependencies(job: Job) -> dict[str, Any]:
+    """Return what the job runs after and what runs after it, each with its status."""
+    from ..models import Dependency
+
+    if not job.has_dependents and job.status != JobStatus.BLOCKED:
+        # A job enqueued after= others has edges even once settled: one cheap probe.
+        edges = Dependency.objects.using(job._state.db).filter(job_id=job.pk)
+        if not edges.exists():
+            return {}
+    edges = Dependency.objects.using(job._state.db).select_related("blocker", "job")
+    runs_after = list(edges.filter(job_id=job.pk).order_by("position")[: DEPENDENCIES_SHOWN + 1])
+    runs_before = list(edges.filter(blocker_id=job.pk).order_by("job_id")[: DEPENDENCIES_SHOWN + 1])
+    return {
+        "runs_after": [
+            (edge.blocker_id, status_badge(edge.blocker.status), edge.blocker.task_name)
+            for edge in runs_after[:DEPENDENCIES_SHOWN]
+        ],
+        "runs_after_more": len(runs_after) > DEPENDENCIES_SHOWN,
+        "runs_before": [
+            (edge.job_id, status_badge(edge.job.status), edge.job.task_name)
+            for edge in runs_before[:DEPENDENCIES_SHOWN]
+        ],
+        "runs_before_more": len(runs_before) > DEPENDENCIES_SHOWN,
+        "on_blocker_failure": runs_after[0].get_on_failure_display() if runs_after else None,
+    }
 
 
 def _partition(job: Job) -> dict[str, Any]:

@@ -60,6 +60,8 @@ def _status_conditions() -> dict[str, tuple[Any, Q]]:
     pending = Q(status=JobStatus.PENDING)
     processing = Q(status=JobStatus.PROCESSING)
     return {
+        # pgq_job_blocked.
+        JobStatus.BLOCKED: (JobStatus.BLOCKED.label, Q(status=JobStatus.BLOCKED)),
         # pgq_job_pending holds every pending row.
         JobStatus.PENDING: (JobStatus.PENDING.label, pending & Q(available_at__gt=ANY_TIME)),
         READY: (

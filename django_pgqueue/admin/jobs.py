@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..models import Job
 from ..states import JobStatus
-from .actions import CANCEL, DISCARD, REQUEUE, RETRY, RUN_NOW, operation_actions
+from .actions import CANCEL, DISCARD, REQUEUE, RETRY, RETRY_REVIVE, RUN_NOW, operation_actions
 from .changelist import QueueChangeList
 from .detail import render_job_detail
 from .filters import (
@@ -273,4 +273,4 @@ class JobAdmin(BaseJobAdmin):
         ("available_at", AvailableRangeFilter),
         ("finished_at", FinishedRangeFilter),
     )
-    actions = operation_actions(RETRY, RUN_NOW, CANCEL, REQUEUE, DISCARD)
+    actions = operation_actions(RETRY, RETRY_REVIVE, RUN_NOW, CANCEL, REQUEUE, DISCARD)

@@ -206,6 +206,8 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
         # Jobs waiting for a worker that knows their task are rare (a rolling deploy):
         # their column is shown only while some queue has them.
         "unknown_task_column": any(row.lag.unknown_task for row in rows),
+        # Likewise jobs waiting for the jobs they run after (after=).
+        "blocked_column": any(row.lag.blocked for row in rows),
         "count_limit": COUNT_LIMIT,
         "chart": throughput_chart(overall, title=overall_title),
         "chart_narrow": throughput_chart(overall, width=360, height=180, title=overall_title),
@@ -247,6 +249,7 @@ def _links(model_admin: _ModelAdmin, queue: str) -> dict[str, str]:
             ("ready", READY),
             ("scheduled", SCHEDULED),
             ("unknown_task", UNKNOWN_TASK),
+            ("blocked", JobStatus.BLOCKED.value),
             ("processing", JobStatus.PROCESSING.value),
             ("expired", EXPIRED),
         )

@@ -88,6 +88,7 @@ class QueueCollector(Collector):
             labels = [alias, lag.queue]
             pending = lag.ready + lag.scheduled + lag.unknown_task
             families.jobs.add_metric([*labels, "pending"], pending)
+            families.jobs.add_metric([*labels, "blocked"], lag.blocked)
             families.jobs.add_metric([*labels, "processing"], lag.processing)
             families.jobs.add_metric([*labels, "dead_letter"], lag.dead_letters)
             families.ready.add_metric(labels, lag.ready)
@@ -137,7 +138,7 @@ class _Families:
         queue = ["database", "queue"]
         self.jobs = GaugeMetricFamily(
             "pgqueue_jobs",
-            "Jobs per queue and status (pending, processing, dead_letter); capped at "
+            "Jobs per queue and status (blocked, pending, processing, dead_letter); capped at "
             "pgqueue_count_limit. Succeeded and cancelled jobs are not counted.",
             labels=[*queue, "status"],
         )

@@ -121,7 +121,8 @@ ORDER BY known.queue
 -- ready or scheduled), and the oldest ready job (its available_at: how long the queue
 -- makes users wait). Depths and dead letters stop counting at count_limit.
 -- Uses pgq_job_pending (ready, scheduled, oldest ready), pgq_job_lease (running,
--- expired), pgq_job_dead_queue (dead letters) and pgq_job_unknown_task.
+-- expired), pgq_job_dead_queue (dead letters), pgq_job_unknown_task and pgq_job_blocked
+-- (jobs waiting for the jobs they run after: not ready, not lag, counted apart).
 WITH wanted AS (
     SELECT DISTINCT unnest(%(queues)s::text[]) AS queue
 ),
@@ -172,6 +173,16 @@ SELECT
             LIMIT %(count_limit)s
         ) AS capped
     ) AS unknown_task,
+    (
+        SELECT count(*)
+        FROM (
+            SELECT 1
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'blocked'
+              AND job.queue = wanted.queue
+            LIMIT %(count_limit)s
+        ) AS capped
+    ) AS blocked,
     COALESCE(running.processing, 0) AS processing,
     COALESCE(running.expired, 0) AS expired,
     (

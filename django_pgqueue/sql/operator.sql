@@ -83,19 +83,20 @@ FROM readied
 
 
 -- name: cancel_jobs
--- Cancel pending and running jobs. A running job leaves 'processing' with its lease
--- cleared and its lease generation moved on, so every later fenced write of the worker
--- that ran it (completion, failure, step, extension) is refused; that worker is told at
--- once on the lease channel (a hint: its next heartbeat finds the lease gone anyway).
--- Dependents, if any, are settled by the job table's status trigger like any finish.
--- A row locked right now (claimed or finished this instant, or held by an atomic task's
--- open transaction) is not waited on: it comes back with cancelled = false ("busy") and
--- the manager tries it again briefly. Rows found by primary key.
+-- Cancel pending, blocked and running jobs. A running job leaves 'processing' with its
+-- lease cleared and its lease generation moved on, so every later fenced write of the
+-- worker that ran it (completion, failure, step, extension) is refused; that worker is
+-- told at once on the lease channel (a hint: its next heartbeat finds the lease gone
+-- anyway). A cancelled job's dependents are settled by the job table's status trigger
+-- (migration 0009) like any finish. A row locked right now (claimed or finished this
+-- instant, or held by an atomic task's open transaction) is not waited on: it comes back
+-- with cancelled = false ("busy") and the manager tries it again briefly. Rows found by
+-- primary key.
 WITH target AS (
     SELECT job.id, job.status, job.claimed_by, job.lease_generation
     FROM django_pgqueue_job AS job
     WHERE job.id = ANY (%(job_ids)s::bigint[])
-      AND job.status IN ('pending', 'processing')
+      AND job.status IN ('pending', 'blocked', 'processing')
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
 ),
@@ -108,7 +109,7 @@ cancelled AS (
             + CASE WHEN job.status = 'processing' THEN 1 ELSE 0 END,
         last_error = COALESCE(%(reason)s, job.last_error)
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
-      AND job.status IN ('pending', 'processing')
+      AND job.status IN ('pending', 'blocked', 'processing')
     RETURNING job.id, job.queue, job.partition_key
 ),
 stopped AS (
@@ -145,7 +146,7 @@ busy AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
     WHERE job.id = ANY (%(job_ids)s::bigint[])
-      AND job.status IN ('pending', 'processing')
+      AND job.status IN ('pending', 'blocked', 'processing')
       AND job.id <> ALL (ARRAY(SELECT target.id FROM target))
 )
 SELECT cancelled.id, true AS cancelled,

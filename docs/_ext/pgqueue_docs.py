@@ -165,6 +165,7 @@ _POSITIONS = {
     "succeeded": (690, 60),
     "dead_letter": (690, 285),
     "cancelled": (140, 320),
+    "blocked": (420, 345),
 }
 # Curvature of the arrow between two statuses (0 = straight); keeps opposite arrows apart.
 _BENDS = {
@@ -173,6 +174,8 @@ _BENDS = {
     ("dead_letter", "pending"): -170,
     ("cancelled", "pending"): -30,
     ("pending", "cancelled"): -30,
+    ("blocked", "cancelled"): -25,
+    ("cancelled", "blocked"): -25,
 }
 
 

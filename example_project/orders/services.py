@@ -16,13 +16,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from django_pgqueue.workflows import group, step
 from orders.models import Customer, Order, Product, Statement
 from orders.tasks import (
+    INVOICE_LINES,
     apply_loyalty_points,
     create_invoice,
     deliver_statement,
     notify_warehouse,
+    price_line,
     record_analytics_event,
+    render_invoice_pdf,
     request_review,
     send_receipt,
 )
@@ -97,6 +101,12 @@ def place_order(
             Order.objects.filter(pk=order.pk).update(submissions=F("submissions") + 1)
         job_ids = _queue_follow_ups(order)
         if created:
+            job_ids["invoice_pdf"] = _queue_invoice_pdf(order)
+        elif "invoice_pdf" in order.job_ids:
+            # A double submit: the first call queued the workflow (it has no idempotency
+            # key: jobs enqueued after= others cannot have one).
+            job_ids["invoice_pdf"] = order.job_ids["invoice_pdf"]
+        if created:
             order.job_ids = job_ids
             order.save(update_fields=["job_ids"])
             # Charged last: it is the one step a rollback cannot undo. If it raises, the
@@ -113,7 +123,17 @@ FOLLOW_UP_TASKS = {
     "warehouse": notify_warehouse,
     "analytics": record_analytics_event,
     "review": request_review,
+    "invoice_pdf": render_invoice_pdf,
 }
+
+
+def _queue_invoice_pdf(order: Order) -> str:
+    """Fan out one pricing job per invoice line, fan in to the PDF; return the PDF job's id.
+
+    In the caller's transaction: a declined card rolls the whole workflow back.
+    """
+    priced = group(*(step(price_line, order.pk, line) for line in INVOICE_LINES))
+    return render_invoice_pdf.using(after=priced).enqueue(order.pk).id
 
 
 def _queue_follow_ups(order: Order) -> dict[str, str]:

@@ -10,6 +10,10 @@ partition keys, ``run_after``) are set where the job is enqueued, in ``services.
 - ``deliver_statement``: a multi-step job that resumes after its last finished step.
 - ``record_analytics_event``: an async task.
 - ``request_review``, ``compile_daily_sales``: scheduled with ``run_after``.
+- ``price_line`` and ``render_invoice_pdf``: a fan-out/fan-in workflow. Each line of the
+  invoice (goods, shipping, tax) is priced by its own job, side by side; the PDF job is
+  enqueued ``after=`` all of them, waits ``blocked`` (see the job's page in the admin:
+  what it runs after, each linked), and reads their results from its context.
 - ``nightly_sales_report``: a periodic task, every night at 02:30 shop time (the workers
   fire it; see the Schedules page of the admin).
 
@@ -75,6 +79,48 @@ def _send(kind: str, to: str, subject: str, body: str, order: Order | None = Non
     """Send one e-mail and keep a record of it for the admin."""
     send_mail(subject, body, None, [to])
     SentEmail.objects.create(kind=kind, to=to, subject=subject, body=body, order=order)
+
+
+# ---------------------------------------------------------------- invoice workflow
+#: The lines of an invoice, each priced by its own job.
+INVOICE_LINES = ("goods", "shipping", "tax")
+#: Shipping is free from this order total on.
+FREE_SHIPPING_CENTS = 10_000
+SHIPPING_CENTS = 495
+TAX_PERCENT = 19
+
+
+@task
+def price_line(order_id: int, line: str) -> dict[str, Any]:
+    """Price one line of an order's invoice; return ``{"line": ..., "cents": ...}``."""
+    order = _order(order_id)
+    goods = order.total_cents
+    if line == "goods":
+        cents = goods
+    elif line == "shipping":
+        cents = 0 if goods >= FREE_SHIPPING_CENTS else SHIPPING_CENTS
+    elif line == "tax":
+        cents = goods * TAX_PERCENT // 100
+    else:
+        raise PermanentError(f"unknown invoice line {line!r}")
+    return {"line": line, "cents": cents}
+
+
+@task(takes_context=True)
+def render_invoice_pdf(context: JobContext, order_id: int) -> dict[str, Any]:
+    """Render the invoice PDF once every line is priced (enqueued ``after=`` them).
+
+    The priced lines arrive in ``context.dependency_results``, in the order the pricing
+    jobs were given. Returns what the PDF shows (the demo does not write a file).
+    """
+    lines = context.dependency_results
+    total = sum(line["cents"] for line in lines)
+    return {
+        "order": order_id,
+        "file": f"invoice-{order_id}.pdf",
+        "lines": lines,
+        "total_cents": total,
+    }
 
 
 # ---------------------------------------------------------------- the order's jobs

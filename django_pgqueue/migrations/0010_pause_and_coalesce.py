@@ -17,7 +17,7 @@ import django_pgqueue.schema
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("django_pgqueue", "0008_schedules")]
+    dependencies = [("django_pgqueue", "0009_dependencies")]
 
     operations = [
         migrations.CreateModel(

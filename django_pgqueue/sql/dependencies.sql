@@ -1,0 +1,160 @@
+-- Dependencies: jobs that run after other jobs (after=), and waiting for a job to finish.
+--
+-- Settling (a dependent becoming pending when its last blocker succeeds, or cancelled
+-- when one fails) is not here: the trigger django_pgqueue_job_settle of migration 0009
+-- does it inside whichever statement finished the blocker. These statements only
+-- create the edges, and revive what a failure cancelled.
+
+
+-- name: lock_blockers
+-- Lock the jobs a new job will run after, and read their status. The lock (held until
+-- the producer commits) makes a blocker's completion wait for the new edge to be
+-- committed, so the settling trigger sees it; FOR NO KEY UPDATE, not FOR SHARE, because
+-- enqueue_after then flags the rows (two producers sharing a blocker would otherwise
+-- both hold SHARE and deadlock on the upgrade). Id order: every producer locks alike.
+-- Rows are found by primary key.
+SELECT job.id, job.status
+FROM django_pgqueue_job AS job
+WHERE job.id = ANY (%(blocker_ids)s::bigint[])
+ORDER BY job.id
+FOR NO KEY UPDATE
+
+
+-- name: enqueue_after
+-- Insert one job that runs after the given (locked, existing) jobs, with the status the
+-- caller decided from their statuses: blocked, pending (every blocker had succeeded) or
+-- cancelled (a blocker had failed, policy "cancel"). Records one edge per blocker, in
+-- after= order, and flags the blockers so the settling trigger runs for them. Workers
+-- are woken and the partition signalled only for a job that is pending and ready.
+WITH inserted AS (
+    INSERT INTO django_pgqueue_job (
+        queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+        lease_generation, available_at, created_at, finished_at, last_error, errors,
+        idempotency_key, partition_key, partition_bucket, traceparent
+    )
+    VALUES (
+        %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
+        %(status)s::text, 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
+        now(), CASE WHEN %(status)s::text = 'cancelled' THEN now() END, %(last_error)s::text,
+        '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s
+    )
+    RETURNING id, created_at, available_at, queue, partition_key, status
+),
+linked AS (
+    INSERT INTO django_pgqueue_dependency (
+        job_id, blocker_id, position, on_failure, wake_channel, cancelled_job
+    )
+    SELECT inserted.id, blocker.id, blocker.position - 1, %(on_failure)s::text, %(channel)s::text,
+        blocker.id IS NOT DISTINCT FROM %(cancelled_by)s::bigint
+    FROM inserted
+    CROSS JOIN unnest(%(blocker_ids)s::bigint[]) WITH ORDINALITY AS blocker (id, position)
+),
+flagged AS (
+    UPDATE django_pgqueue_job AS job
+    SET has_dependents = true
+    WHERE job.id = ANY (%(blocker_ids)s::bigint[])
+      AND NOT job.has_dependents
+),
+woken AS (
+    SELECT pg_notify(%(channel)s::text, inserted.queue)
+    FROM inserted
+    WHERE inserted.status = 'pending' AND inserted.available_at <= now()
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT inserted.partition_key FROM inserted
+    WHERE inserted.status = 'pending' AND inserted.partition_key IS NOT NULL
+)
+SELECT inserted.id, inserted.created_at, inserted.available_at,
+    (SELECT count(*) FROM woken)::text AS notified
+FROM inserted
+
+
+-- name: revive_dependents
+-- After an operator retried the given jobs: make the dependents their failure cancelled
+-- blocked again (and, transitively, the dependents those cancelled), so they run once
+-- the retried jobs succeed. A dependent that also waits for another failed job that is
+-- not being revived stays cancelled (it could never run). Rows another transaction is
+-- touching are skipped, as every operator statement does. pgq_dep_blocker for the walk.
+WITH RECURSIVE tree (job_id) AS (
+    SELECT dep.job_id
+    FROM django_pgqueue_dependency AS dep
+    WHERE dep.blocker_id = ANY (%(job_ids)s::bigint[])
+      AND dep.cancelled_job
+    UNION
+    SELECT dep.job_id
+    FROM tree
+    JOIN django_pgqueue_dependency AS dep ON dep.blocker_id = tree.job_id
+    WHERE dep.cancelled_job
+),
+target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (ARRAY(SELECT tree.job_id FROM tree))
+      AND job.status = 'cancelled'
+      AND NOT EXISTS (
+          SELECT 1
+          FROM django_pgqueue_dependency AS other
+          JOIN django_pgqueue_job AS blocker ON blocker.id = other.blocker_id
+          WHERE other.job_id = job.id
+            AND blocker.status IN ('dead_letter', 'cancelled')
+            AND other.on_failure = 'cancel'
+            AND NOT other.blocker_id = ANY (%(job_ids)s::bigint[])
+            AND NOT other.blocker_id IN (SELECT tree.job_id FROM tree)
+      )
+    ORDER BY job.id
+    FOR UPDATE SKIP LOCKED
+),
+revived AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = 'blocked',
+        finished_at = NULL,
+        last_error = NULL
+    WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
+      AND job.status = 'cancelled'
+    RETURNING job.id
+),
+cleared AS (
+    UPDATE django_pgqueue_dependency AS dep
+    SET cancelled_job = false
+    WHERE dep.job_id = ANY (ARRAY(SELECT revived.id FROM revived))
+      AND dep.cancelled_job
+)
+SELECT revived.id FROM revived
+
+
+-- name: cancelled_dependents
+-- The jobs the failure of the given jobs cancelled and that are still cancelled (the
+-- dead-letter page offers to revive them). pgq_dep_blocker.
+SELECT dep.blocker_id, job.id, job.task_path, job.queue
+FROM django_pgqueue_dependency AS dep
+JOIN django_pgqueue_job AS job ON job.id = dep.job_id
+WHERE dep.blocker_id = ANY (%(job_ids)s::bigint[])
+  AND dep.cancelled_job
+  AND job.status = 'cancelled'
+ORDER BY dep.blocker_id, job.id
+
+
+-- name: mark_awaited
+-- A wait() starts: ask the settling trigger to NOTIFY django_pgqueue_finished when the
+-- job finishes, and read its status. A row locked by another transaction (an atomic
+-- task's handler holds its own row until it commits) is not waited for: SKIP LOCKED,
+-- and "locked" tells the caller to try again shortly, re-reading meanwhile. A waiter
+-- therefore never queues behind a handler. Found by primary key.
+WITH target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = %(job_id)s
+      AND NOT job.awaited
+      AND job.status NOT IN ('succeeded', 'dead_letter', 'cancelled')
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+marked AS (
+    UPDATE django_pgqueue_job AS job
+    SET awaited = true
+    WHERE job.id = (SELECT target.id FROM target)
+    RETURNING job.id
+)
+SELECT job.status, job.awaited OR EXISTS (SELECT 1 FROM marked) AS awaited
+FROM django_pgqueue_job AS job
+WHERE job.id = %(job_id)s
