@@ -46,6 +46,7 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
+from .flow import check_limit
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from .manager import JobSnapshot, JobSpec, QueueStore
 from .payload import check_key
@@ -82,6 +83,11 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     idempotency_key: str | None = None
     #: Jobs sharing a partition key run one at a time, in enqueue order.
     partition_key: str | None = None
+    #: Jobs sharing a concurrency key run at most ``concurrency_limit`` at a time, in any
+    #: order, across all workers (None: ``task:<path>`` if a limit is set).
+    concurrency_key: str | None = None
+    #: Jobs of this task (per concurrency key, if one is given) in flight at most.
+    concurrency_limit: int | None = None
 
     def using(
         self,
@@ -94,6 +100,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
         partition_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        concurrency_key: str | None = None,
     ) -> Self:
         """Return a copy with some options changed (validated at once)."""
         changes: dict[str, Any] = {
@@ -107,6 +114,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
                 ("partition_key", partition_key),
                 ("max_attempts", max_attempts),
                 ("timeout", timeout),
+                ("concurrency_key", concurrency_key),
             )
             if value is not None
         }
@@ -258,6 +266,8 @@ class PgQueueBackend(BaseTaskBackend):
             available_at=task.run_after,
             idempotency_key=options.idempotency_key if options else None,
             partition_key=options.partition_key if options else None,
+            concurrency_key=options.concurrency_key if options else None,
+            concurrency_limit=options.concurrency_limit if options else None,
         )
 
     # ------------------------------------------------------------------ results
@@ -389,6 +399,17 @@ def _validate_options(task: PgQueueTask) -> None:
         raise InvalidOption("atomic", "async tasks cannot be atomic")
     check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
     check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
+    check_key("concurrency_key", task.concurrency_key, max_length=KEY_MAX_LENGTH)
+    if task.concurrency_limit is not None:
+        check_limit("concurrency_limit", task.concurrency_limit)
+    if task.partition_key is not None and (
+        task.concurrency_key is not None or task.concurrency_limit is not None
+    ):
+        raise InvalidOption(
+            "concurrency_key",
+            "a task has a partition key (one in flight, in order) or a concurrency limit "
+            "(N in flight, any order), not both",
+        )
 
 
 def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:

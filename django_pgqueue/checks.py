@@ -74,6 +74,7 @@ SETTING_CHECK_IDS = {
     "PARTITION_VNODES": "django_pgqueue.E120",
     # E121 was PARTITION_SCAN_LIMIT, removed with migration 0004 (no more scan window).
     "METRICS_TOKEN": "django_pgqueue.E122",
+    "CONCURRENCY_LIMITS": "django_pgqueue.E123",
 }
 
 

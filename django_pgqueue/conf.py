@@ -73,6 +73,11 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "How long a job whose task no worker can import waits before it is dead-lettered.",
     ),
     SettingSpec("NOTIFY_CHANNEL", "django_pgqueue", "LISTEN/NOTIFY channel for wake-ups."),
+    SettingSpec(
+        "CONCURRENCY_LIMITS",
+        {},
+        'Jobs in flight at most, across all workers: {"task:<path>": n, "queue:<name>": n}.',
+    ),
     SettingSpec("PARTITION_VNODES", 32, "Points per worker on the partition hash ring."),
     SettingSpec(
         "METRICS_TOKEN",
@@ -225,6 +230,26 @@ class Settings:
     def PARTITION_VNODES(self) -> int:  # noqa: N802
         """Points per worker on the partition hash ring."""
         return self._int("PARTITION_VNODES", minimum=1, maximum=1024)
+
+    @property
+    def CONCURRENCY_LIMITS(self) -> dict[str, int]:  # noqa: N802
+        """Concurrency limits declared in settings, by ``task:<path>`` or ``queue:<name>``."""
+        value = self._raw("CONCURRENCY_LIMITS")
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"PGQUEUE_CONCURRENCY_LIMITS must be a dict, not {type(value).__name__}"
+            )
+        for name, limit in value.items():
+            if not isinstance(name, str) or not name.startswith(("task:", "queue:")):
+                raise ConfigurationError(
+                    f"PGQUEUE_CONCURRENCY_LIMITS: {name!r} must be 'task:<dotted path>' or "
+                    "'queue:<name>'"
+                )
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ConfigurationError(
+                    f"PGQUEUE_CONCURRENCY_LIMITS[{name!r}] must be an integer >= 1, not {limit!r}"
+                )
+        return dict(value)
 
     @property
     def METRICS_TOKEN(self) -> str | None:  # noqa: N802

@@ -39,6 +39,8 @@ def task(
     atomic: bool = False,
     idempotency_key: str | None = None,
     partition_key: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[Callable[..., Any]], PgQueueTask]: ...
 
 
@@ -55,6 +57,8 @@ def task(
     atomic: bool = False,
     idempotency_key: str | None = None,
     partition_key: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> PgQueueTask | Callable[[Callable[..., Any]], PgQueueTask]:
     """Declare a task run by django-pgqueue; use it like ``django.tasks.task``.
 
@@ -80,6 +84,8 @@ def task(
             atomic=atomic,
             idempotency_key=idempotency_key,
             partition_key=partition_key,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
 
     if function is not None:

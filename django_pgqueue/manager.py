@@ -23,6 +23,7 @@ from django.utils import timezone
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
+from .flow import check_concurrency, resolve_concurrency
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .partition import bucket_for
 from .payload import check_key, check_text, encode_arguments
@@ -91,6 +92,10 @@ class JobSpec:
     available_at: datetime | None = None
     idempotency_key: str | None = None
     partition_key: str | None = None
+    #: Jobs sharing a concurrency key run at most ``concurrency_limit`` at a time, in any
+    #: order (a key without a limit is an error; see :mod:`django_pgqueue.flow`).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     #: W3C traceparent of the span that enqueued the job (None: the current span's, if
     #: OpenTelemetry is installed and a span is active).
     traceparent: str | None = None
@@ -127,6 +132,8 @@ class JobSnapshot:
     step: str | None
     unknown_task_since: datetime | None
     traceparent: str | None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -239,6 +246,8 @@ class ClaimedJob:
     unknown_task_since: datetime | None = None
     #: W3C traceparent of the span that enqueued it (None: none was active, or no tracing).
     traceparent: str | None = None
+    #: The job's concurrency key (None: no concurrency limit).
+    concurrency_key: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -690,7 +699,11 @@ class QueueStore:
         if params["idempotency_key"] is None:
             # The common cases get plain INSERT statements (see sql/enqueue.sql).
             unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
-            if params["available_at"] is None and params["partition_key"] is None:
+            if (
+                params["available_at"] is None
+                and params["partition_key"] is None
+                and params["concurrency_key"] is None
+            ):
                 del unkeyed["available_at"]
                 row = self._run("enqueue", channel=channel, **unkeyed).rows[0]
             else:
@@ -910,6 +923,7 @@ class QueueStore:
                     worker_id=worker_id,
                     unknown_task_since=row[17],
                     traceparent=row[18],
+                    concurrency_key=row[19],
                 )
             )
         return claimed, signalled, folded
@@ -933,7 +947,9 @@ class QueueStore:
         the handler's connection inside its transaction, this makes the handler's writes
         and the completion commit or roll back together.
         """
-        finished_at: datetime = self._run_fenced("complete_if_leased", lease, result=result_json)[1]
+        finished_at: datetime = self._run_fenced(
+            "complete_if_leased", lease, result=result_json, channel=conf.NOTIFY_CHANNEL
+        )[1]
         return finished_at
 
     def complete_many_if_leased(
@@ -955,7 +971,12 @@ class QueueStore:
             )
             + "]"
         )
-        rows = self._run("complete_many_if_leased", worker_id=worker_id, completions=document).rows
+        rows = self._run(
+            "complete_many_if_leased",
+            worker_id=worker_id,
+            completions=document,
+            channel=conf.NOTIFY_CHANNEL,
+        ).rows
         return {row[0] for row in rows}
 
     def fail_if_leased(
@@ -967,9 +988,10 @@ class QueueStore:
         Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held.
         """
         policy = policy or RetryPolicy.from_settings()
-        job_id, status, available_at, attempts, max_attempts, _ = self._run_fenced(
+        job_id, status, available_at, attempts, max_attempts, _, _ = self._run_fenced(
             "fail_if_leased",
             lease,
+            channel=conf.NOTIFY_CHANNEL,
             permanent=failure.permanent,
             error_class=failure.exception_class,
             message=failure.message,
@@ -1452,11 +1474,17 @@ class _Defaults:
     use_tz: bool
     #: The active span's W3C traceparent (None without OpenTelemetry or without a span).
     traceparent: str | None
+    #: PGQUEUE_CONCURRENCY_LIMITS (task and queue limits declared in settings).
+    concurrency_limits: dict[str, int]
 
     @classmethod
     def read(cls) -> _Defaults:
         return cls(
-            conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ, current_traceparent()
+            conf.MAX_ATTEMPTS,
+            conf.MAX_PAYLOAD_BYTES,
+            settings.USE_TZ,
+            current_traceparent(),
+            conf.CONCURRENCY_LIMITS,
         )
 
 
@@ -1520,6 +1548,16 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
     partition_key = spec.partition_key
     if partition_key is not None:
         check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
+    concurrency_key, concurrency_limit = spec.concurrency_key, spec.concurrency_limit
+    explicit = concurrency_key is not None or concurrency_limit is not None
+    # Limits from settings leave partitioned jobs alone: they run one at a time already.
+    if explicit or (defaults.concurrency_limits and partition_key is None):
+        concurrency_key, concurrency_limit = check_concurrency(
+            *resolve_concurrency(
+                task_path, queue, concurrency_key, concurrency_limit, defaults.concurrency_limits
+            ),
+            partition_key=partition_key,
+        )
     args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
     return {
         "queue": queue,
@@ -1533,6 +1571,8 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         "partition_key": partition_key,
         "partition_bucket": None if partition_key is None else bucket_for(partition_key),
         "traceparent": _traceparent(spec.traceparent, defaults),
+        "concurrency_key": concurrency_key,
+        "concurrency_limit": concurrency_limit,
     }
 
 
@@ -1576,7 +1616,9 @@ def _jobs_document(prepared: list[dict[str, Any]]) -> str:
             f"{p['priority']},{p['max_attempts']},"
             f"{'null' if available_at is None else json.dumps(available_at.isoformat())},"
             f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
-            f"{'null' if bucket is None else bucket},{text(p['traceparent'])}]"
+            f"{'null' if bucket is None else bucket},{text(p['traceparent'])},"
+            f"{text(p['concurrency_key'])},"
+            f"{'null' if p['concurrency_limit'] is None else p['concurrency_limit']}]"
         )
     return "[" + ",".join(parts) + "]"
 
@@ -1610,6 +1652,8 @@ def _new_snapshot(
         idempotency_key=params["idempotency_key"],
         partition_key=params["partition_key"],
         partition_bucket=params["partition_bucket"],
+        concurrency_key=params["concurrency_key"],
+        concurrency_limit=params["concurrency_limit"],
         step=None,
         unknown_task_since=None,
         traceparent=params["traceparent"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from django_pgqueue import compat
@@ -531,3 +532,19 @@ def scheduled_probe(context: Any, label: str = "") -> dict[str, Any]:
         "fire_time": fire_time.isoformat() if fire_time else None,
         "label": label,
     }
+
+
+@task(takes_context=True, concurrency_limit=3)
+def ledger_limited(context: Any, seconds: float = 0.0, label: str = "") -> None:
+    """Runs at most 3 at a time per concurrency key (per task without one)."""
+    _ledger(context, "start", label)
+    time.sleep(seconds)
+    _ledger(context, "end", label)
+
+
+@task(takes_context=True, concurrency_limit=2)
+def ledger_task_limited(context: Any, seconds: float = 0.0) -> None:
+    """At most 2 jobs of this task in flight (no key: the task is the key)."""
+    _ledger(context, "start", "task")
+    time.sleep(seconds)
+    _ledger(context, "end", "task")

@@ -113,6 +113,7 @@ BAD_VALUES = {
     "NOTIFY_CHANNEL": "no spaces; allowed",
     "PARTITION_VNODES": 0,
     "METRICS_TOKEN": "short",
+    "CONCURRENCY_LIMITS": {"task:tests.tasks.noop": 0},
 }
 
 

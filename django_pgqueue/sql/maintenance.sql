@@ -56,15 +56,29 @@ reaped AS (
     WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
       AND job.status = 'processing'
       AND job.lease_expires_at < now()
-    RETURNING job.id, job.status, job.queue, job.partition_key
-)
-SELECT reaped.id, reaped.status, reaped.queue
-FROM reaped
-CROSS JOIN (
+    RETURNING job.id, job.status, job.queue, job.partition_key, job.concurrency_key
+),
+refreshed AS (
     SELECT django_pgqueue_refresh_partitions(ARRAY(
         SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
     )) AS partitions
-) AS refreshed
+),
+recounted AS (
+    -- Slots held by a dead worker's jobs come back here (after the partitions: lock
+    -- order). No channel: the reaped jobs' queues are woken by the caller.
+    SELECT django_pgqueue_refresh_concurrency(keys.keys, NULL) AS keys
+    FROM refreshed
+    CROSS JOIN (
+        SELECT ARRAY(
+            SELECT reaped.concurrency_key FROM reaped WHERE reaped.concurrency_key IS NOT NULL
+        ) AS keys
+    ) AS keys
+    WHERE cardinality(keys.keys) > 0
+)
+SELECT reaped.id, reaped.status, reaped.queue
+FROM reaped
+CROSS JOIN refreshed
+LEFT JOIN recounted ON true
 
 
 -- name: prune_finished

@@ -35,7 +35,7 @@ retried AS (
         unknown_task_since = NULL
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status IN ('dead_letter', 'cancelled')
-    RETURNING job.id, job.queue, job.partition_key
+    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -44,6 +44,11 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT retried.partition_key FROM retried WHERE retried.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT retried.concurrency_key FROM retried
+    WHERE retried.concurrency_key IS NOT NULL
 )
 SELECT retried.id, (SELECT count(*) FROM woken) AS notified
 FROM retried
@@ -69,7 +74,7 @@ readied AS (
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'pending'
       AND COALESCE(job.available_at, now()) > now()
-    RETURNING job.id, job.queue, job.partition_key
+    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -78,6 +83,11 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT readied.partition_key FROM readied WHERE readied.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT readied.concurrency_key FROM readied
+    WHERE readied.concurrency_key IS NOT NULL
 )
 SELECT readied.id, (SELECT count(*) FROM woken) AS notified
 FROM readied
@@ -100,12 +110,17 @@ cancelled AS (
         last_error = COALESCE(%(reason)s, job.last_error)
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'pending'
-    RETURNING job.id, job.partition_key
+    RETURNING job.id, job.partition_key, job.concurrency_key
 ),
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT cancelled.partition_key FROM cancelled
     WHERE cancelled.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT cancelled.concurrency_key FROM cancelled
+    WHERE cancelled.concurrency_key IS NOT NULL
 )
 SELECT cancelled.id FROM cancelled
 
