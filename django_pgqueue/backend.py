@@ -46,7 +46,7 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
-from .flow import check_limit
+from .flow import check_limit, parse_rate
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from .manager import JobSnapshot, JobSpec, QueueStore
 from .payload import check_key
@@ -88,6 +88,9 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     concurrency_key: str | None = None
     #: Jobs of this task (per concurrency key, if one is given) in flight at most.
     concurrency_limit: int | None = None
+    #: Starts of this task (per concurrency key, if one is given) per period at most:
+    #: ``"20/s"``, ``"1000/h"``, ``"3/10s"``.
+    rate_limit: str | None = None
 
     def using(
         self,
@@ -268,6 +271,7 @@ class PgQueueBackend(BaseTaskBackend):
             partition_key=options.partition_key if options else None,
             concurrency_key=options.concurrency_key if options else None,
             concurrency_limit=options.concurrency_limit if options else None,
+            rate_limit=options.rate_limit if options else None,
         )
 
     # ------------------------------------------------------------------ results
@@ -402,8 +406,12 @@ def _validate_options(task: PgQueueTask) -> None:
     check_key("concurrency_key", task.concurrency_key, max_length=KEY_MAX_LENGTH)
     if task.concurrency_limit is not None:
         check_limit("concurrency_limit", task.concurrency_limit)
+    if task.rate_limit is not None:
+        parse_rate("rate_limit", task.rate_limit)
     if task.partition_key is not None and (
-        task.concurrency_key is not None or task.concurrency_limit is not None
+        task.concurrency_key is not None
+        or task.concurrency_limit is not None
+        or task.rate_limit is not None
     ):
         raise InvalidOption(
             "concurrency_key",

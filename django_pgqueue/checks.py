@@ -75,6 +75,7 @@ SETTING_CHECK_IDS = {
     # E121 was PARTITION_SCAN_LIMIT, removed with migration 0004 (no more scan window).
     "METRICS_TOKEN": "django_pgqueue.E122",
     "CONCURRENCY_LIMITS": "django_pgqueue.E123",
+    "RATE_LIMITS": "django_pgqueue.E124",
 }
 
 

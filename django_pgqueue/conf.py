@@ -78,6 +78,11 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         {},
         'Jobs in flight at most, across all workers: {"task:<path>": n, "queue:<name>": n}.',
     ),
+    SettingSpec(
+        "RATE_LIMITS",
+        {},
+        'Starts per period at most, across all workers: {"task:<path>": "20/s", ...}.',
+    ),
     SettingSpec("PARTITION_VNODES", 32, "Points per worker on the partition hash ring."),
     SettingSpec(
         "METRICS_TOKEN",
@@ -249,6 +254,28 @@ class Settings:
                 raise ConfigurationError(
                     f"PGQUEUE_CONCURRENCY_LIMITS[{name!r}] must be an integer >= 1, not {limit!r}"
                 )
+        return dict(value)
+
+    @property
+    def RATE_LIMITS(self) -> dict[str, str]:  # noqa: N802
+        """Rate limits declared in settings, by ``task:<path>`` or ``queue:<name>``."""
+        from .exceptions import InvalidOption
+        from .flow import parse_rate
+
+        value = self._raw("RATE_LIMITS")
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"PGQUEUE_RATE_LIMITS must be a dict, not {type(value).__name__}"
+            )
+        for name, rate in value.items():
+            if not isinstance(name, str) or not name.startswith(("task:", "queue:")):
+                raise ConfigurationError(
+                    f"PGQUEUE_RATE_LIMITS: {name!r} must be 'task:<dotted path>' or 'queue:<name>'"
+                )
+            try:
+                parse_rate(name, rate)
+            except InvalidOption as error:
+                raise ConfigurationError(f"PGQUEUE_RATE_LIMITS[{name!r}]: {error.reason}") from None
         return dict(value)
 
     @property

@@ -41,6 +41,7 @@ def task(
     partition_key: str | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
 ) -> Callable[[Callable[..., Any]], PgQueueTask]: ...
 
 
@@ -59,6 +60,7 @@ def task(
     partition_key: str | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
 ) -> PgQueueTask | Callable[[Callable[..., Any]], PgQueueTask]:
     """Declare a task run by django-pgqueue; use it like ``django.tasks.task``.
 
@@ -86,6 +88,7 @@ def task(
             partition_key=partition_key,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
         )
 
     if function is not None:

@@ -23,7 +23,7 @@ from django.utils import timezone
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
 from .exceptions import InvalidArguments, InvalidOption, LeaseLost, PayloadTooLarge
-from .flow import check_concurrency, resolve_concurrency
+from .flow import Rate, resolve_limits
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .partition import bucket_for
 from .payload import check_key, check_text, encode_arguments
@@ -96,6 +96,8 @@ class JobSpec:
     #: order (a key without a limit is an error; see :mod:`django_pgqueue.flow`).
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    #: At most N starts per period for the job's key: ``"20/s"``, ``"1000/h"``, a Rate.
+    rate_limit: str | Rate | None = None
     #: W3C traceparent of the span that enqueued the job (None: the current span's, if
     #: OpenTelemetry is installed and a span is active).
     traceparent: str | None = None
@@ -134,6 +136,8 @@ class JobSnapshot:
     traceparent: str | None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -1474,8 +1478,9 @@ class _Defaults:
     use_tz: bool
     #: The active span's W3C traceparent (None without OpenTelemetry or without a span).
     traceparent: str | None
-    #: PGQUEUE_CONCURRENCY_LIMITS (task and queue limits declared in settings).
+    #: PGQUEUE_CONCURRENCY_LIMITS and PGQUEUE_RATE_LIMITS (declared in settings).
     concurrency_limits: dict[str, int]
+    rate_limits: dict[str, str]
 
     @classmethod
     def read(cls) -> _Defaults:
@@ -1485,6 +1490,7 @@ class _Defaults:
             settings.USE_TZ,
             current_traceparent(),
             conf.CONCURRENCY_LIMITS,
+            conf.RATE_LIMITS,
         )
 
 
@@ -1548,16 +1554,16 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
     partition_key = spec.partition_key
     if partition_key is not None:
         check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
-    concurrency_key, concurrency_limit = spec.concurrency_key, spec.concurrency_limit
-    explicit = concurrency_key is not None or concurrency_limit is not None
-    # Limits from settings leave partitioned jobs alone: they run one at a time already.
-    if explicit or (defaults.concurrency_limits and partition_key is None):
-        concurrency_key, concurrency_limit = check_concurrency(
-            *resolve_concurrency(
-                task_path, queue, concurrency_key, concurrency_limit, defaults.concurrency_limits
-            ),
-            partition_key=partition_key,
-        )
+    flow = resolve_limits(
+        task_path,
+        queue,
+        spec.concurrency_key,
+        spec.concurrency_limit,
+        spec.rate_limit,
+        partition_key=partition_key,
+        concurrency_limits=defaults.concurrency_limits,
+        rate_limits=defaults.rate_limits,
+    )
     args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
     return {
         "queue": queue,
@@ -1571,8 +1577,10 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         "partition_key": partition_key,
         "partition_bucket": None if partition_key is None else bucket_for(partition_key),
         "traceparent": _traceparent(spec.traceparent, defaults),
-        "concurrency_key": concurrency_key,
-        "concurrency_limit": concurrency_limit,
+        "concurrency_key": flow.key,
+        "concurrency_limit": flow.concurrency,
+        "rate_limit": None if flow.rate is None else flow.rate.limit,
+        "rate_period": None if flow.rate is None else flow.rate.period,
     }
 
 
@@ -1618,7 +1626,9 @@ def _jobs_document(prepared: list[dict[str, Any]]) -> str:
             f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
             f"{'null' if bucket is None else bucket},{text(p['traceparent'])},"
             f"{text(p['concurrency_key'])},"
-            f"{'null' if p['concurrency_limit'] is None else p['concurrency_limit']}]"
+            f"{'null' if p['concurrency_limit'] is None else p['concurrency_limit']},"
+            f"{'null' if p['rate_limit'] is None else p['rate_limit']},"
+            f"{'null' if p['rate_period'] is None else p['rate_period']}]"
         )
     return "[" + ",".join(parts) + "]"
 
@@ -1654,6 +1664,8 @@ def _new_snapshot(
         partition_bucket=params["partition_bucket"],
         concurrency_key=params["concurrency_key"],
         concurrency_limit=params["concurrency_limit"],
+        rate_limit=params["rate_limit"],
+        rate_period=params["rate_period"],
         step=None,
         unknown_task_since=None,
         traceparent=params["traceparent"],

@@ -142,6 +142,15 @@ class Job(models.Model):
         blank=True,
         db_comment="Jobs of concurrency_key in flight at most (from the task or settings).",
     )
+    rate_limit = models.IntegerField(
+        _("rate limit"),
+        null=True,
+        blank=True,
+        db_comment="Starts of concurrency_key per rate_period at most.",
+    )
+    rate_period = models.FloatField(
+        _("rate period"), null=True, blank=True, db_comment="Seconds of the rate limit's period."
+    )
     traceparent = models.TextField(  # noqa: DJ001
         _("trace parent"),
         null=True,
@@ -438,6 +447,20 @@ class ConcurrencyKey(models.Model):
     in_flight = models.IntegerField(
         _("in flight"), db_default=0, db_comment="Processing jobs of the key (leased)."
     )
+    rate_limit = models.IntegerField(
+        _("rate limit"),
+        null=True,
+        blank=True,
+        db_comment="Starts per rate_period at most; NULL: no rate limit.",
+    )
+    rate_period = models.FloatField(_("rate period (s)"), null=True, blank=True)
+    tokens = models.FloatField(
+        _("tokens"),
+        null=True,
+        blank=True,
+        db_comment="Token bucket: starts allowed as of tokens_at (at most rate_limit).",
+    )
+    tokens_at = models.DateTimeField(_("tokens counted at"), null=True, blank=True)
     head_id = models.BigIntegerField(
         _("next job"),
         null=True,

@@ -548,3 +548,9 @@ def ledger_task_limited(context: Any, seconds: float = 0.0) -> None:
     _ledger(context, "start", "task")
     time.sleep(seconds)
     _ledger(context, "end", "task")
+
+
+@task(takes_context=True, rate_limit="20/s")
+def ledger_rated(context: Any, label: str = "rated") -> None:
+    """At most 20 starts a second across all workers."""
+    _ledger(context, "start", label)

@@ -114,6 +114,7 @@ BAD_VALUES = {
     "PARTITION_VNODES": 0,
     "METRICS_TOKEN": "short",
     "CONCURRENCY_LIMITS": {"task:tests.tasks.noop": 0},
+    "RATE_LIMITS": {"task:tests.tasks.noop": "20/0s"},
 }
 
 

@@ -53,7 +53,8 @@ BEGIN
         END LOOP;
         -- New statements, new snapshots: everything committed before the lock is seen.
         -- pgq_job_conc_pending: the best ready job in claim order ...
-        SELECT job.id, job.queue, job.priority, job.available_at, job.concurrency_limit
+        SELECT job.id, job.queue, job.priority, job.available_at, job.concurrency_limit,
+            job.rate_limit, job.rate_period
         INTO head
         FROM django_pgqueue_job AS job
         WHERE job.concurrency_key = key
@@ -63,7 +64,8 @@ BEGIN
         LIMIT 1;
         IF head.id IS NULL THEN
             -- ... else the one ready soonest (none is ready: the key waits for it).
-            SELECT job.id, job.queue, job.priority, job.available_at, job.concurrency_limit
+            SELECT job.id, job.queue, job.priority, job.available_at, job.concurrency_limit,
+                job.rate_limit, job.rate_period
             INTO head
             FROM django_pgqueue_job AS job
             WHERE job.concurrency_key = key
@@ -77,11 +79,43 @@ BEGIN
         WHERE job.concurrency_key = key
           AND job.status = 'processing';
         IF head.id IS NULL AND flying = 0 THEN
-            DELETE FROM django_pgqueue_concurrency WHERE concurrency_key = key;
+            -- A rate-limited key keeps its row until its bucket is full again: a new row
+            -- starts full, and deleting a half-empty bucket would hand out a new burst.
+            DELETE FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key = key
+              AND (
+                  conc.rate_limit IS NULL
+                  OR conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                      * conc.rate_limit / conc.rate_period >= conc.rate_limit
+              );
+            UPDATE django_pgqueue_concurrency
+            SET in_flight = 0, head_id = NULL, head_priority = NULL, head_available_at = NULL,
+                refreshed_at = now()
+            WHERE concurrency_key = key;
         ELSE
             UPDATE django_pgqueue_concurrency
             SET queue = COALESCE(head.queue, queue),
-                max_in_flight = GREATEST(COALESCE(head.concurrency_limit, max_in_flight), 1),
+                -- No concurrency limit (a rate limit only): no bound on in flight.
+                max_in_flight = CASE
+                    WHEN head.id IS NULL THEN max_in_flight
+                    ELSE GREATEST(COALESCE(head.concurrency_limit, 2147483647), 1)
+                END,
+                rate_limit = CASE WHEN head.id IS NULL THEN rate_limit ELSE head.rate_limit END,
+                rate_period = CASE
+                    WHEN head.id IS NULL THEN rate_period ELSE head.rate_period
+                END,
+                -- A new bucket starts full (one period's worth: the documented burst).
+                tokens = CASE
+                    WHEN head.id IS NULL THEN tokens
+                    WHEN head.rate_limit IS NULL THEN NULL
+                    WHEN tokens IS NULL THEN head.rate_limit
+                    ELSE LEAST(tokens, head.rate_limit)
+                END,
+                tokens_at = CASE
+                    WHEN head.id IS NULL THEN tokens_at
+                    WHEN head.rate_limit IS NULL THEN NULL
+                    ELSE COALESCE(tokens_at, now())
+                END,
                 in_flight = flying,
                 head_id = head.id,
                 head_priority = head.priority,
@@ -91,7 +125,7 @@ BEGIN
             -- A slot is free and a job is ready: wake the queue's workers (at COMMIT), so
             -- a job waiting on the limit starts now, not at the next poll.
             IF channel IS NOT NULL AND head.id IS NOT NULL AND head.available_at <= now()
-               AND flying < GREATEST(COALESCE(head.concurrency_limit, 1), 1) THEN
+               AND flying < COALESCE(head.concurrency_limit, 2147483647) THEN
                 PERFORM pg_notify(channel, head.queue);
             END IF;
         END IF;
@@ -161,6 +195,26 @@ class Migration(migrations.Migration):
                 verbose_name="concurrency limit",
             ),
         ),
+        migrations.AddField(
+            model_name="job",
+            name="rate_limit",
+            field=models.IntegerField(
+                blank=True,
+                db_comment="Starts of concurrency_key per rate_period at most.",
+                null=True,
+                verbose_name="rate limit",
+            ),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="rate_period",
+            field=models.FloatField(
+                blank=True,
+                db_comment="Seconds of the rate limit's period.",
+                null=True,
+                verbose_name="rate period",
+            ),
+        ),
         migrations.CreateModel(
             name="ConcurrencyKey",
             fields=[
@@ -194,6 +248,33 @@ class Migration(migrations.Migration):
                         db_default=0,
                         verbose_name="in flight",
                     ),
+                ),
+                (
+                    "rate_limit",
+                    models.IntegerField(
+                        blank=True,
+                        db_comment="Starts per rate_period at most; NULL: no rate limit.",
+                        null=True,
+                        verbose_name="rate limit",
+                    ),
+                ),
+                (
+                    "rate_period",
+                    models.FloatField(blank=True, null=True, verbose_name="rate period (s)"),
+                ),
+                (
+                    "tokens",
+                    models.FloatField(
+                        blank=True,
+                        db_comment="Token bucket: starts allowed as of tokens_at (at most "
+                        "rate_limit).",
+                        null=True,
+                        verbose_name="tokens",
+                    ),
+                ),
+                (
+                    "tokens_at",
+                    models.DateTimeField(blank=True, null=True, verbose_name="tokens counted at"),
                 ),
                 (
                     "head_id",

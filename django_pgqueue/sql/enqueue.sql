@@ -38,13 +38,14 @@ WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit
+        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit,
+        rate_limit, rate_period
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
         'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
         now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s,
-        %(concurrency_key)s, %(concurrency_limit)s
+        %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s
     )
     RETURNING id, created_at, available_at, queue, partition_key, concurrency_key
 ),
@@ -76,13 +77,15 @@ WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit
+        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit,
+        rate_limit, rate_period
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
         'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
         now(), '[]'::jsonb, %(idempotency_key)s, %(partition_key)s, %(partition_bucket)s,
-        %(traceparent)s, %(concurrency_key)s, %(concurrency_limit)s
+        %(traceparent)s, %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s,
+        %(rate_period)s
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -113,7 +116,7 @@ WHERE existing.idempotency_key = %(idempotency_key)s
 -- Insert many jobs in one statement; rows whose idempotency key is taken are skipped.
 -- jobs is one JSON document, [[queue, task_path, args, kwargs, priority, max_attempts,
 -- available_at, idempotency_key, partition_key, partition_bucket, traceparent,
--- concurrency_key, concurrency_limit], ...]: cheaper to send
+-- concurrency_key, concurrency_limit, rate_limit, rate_period], ...]: cheaper to send
 -- and parse than ten parallel arrays. Rows come back in input order with just what the
 -- caller does not know yet; skipped rows are missing and the caller reads them with
 -- select_by_idempotency_keys.
@@ -125,14 +128,16 @@ inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit
+        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit,
+        rate_limit, rate_period
     )
     SELECT
         incoming.item ->> 0, incoming.item ->> 1, incoming.item -> 2, incoming.item -> 3,
         (incoming.item ->> 4)::smallint, 'pending', 0, (incoming.item ->> 5)::integer, 0,
         COALESCE((incoming.item ->> 6)::timestamptz, now()), now(), '[]'::jsonb,
         incoming.item ->> 7, incoming.item ->> 8, (incoming.item ->> 9)::smallint,
-        incoming.item ->> 10, incoming.item ->> 11, (incoming.item ->> 12)::integer
+        incoming.item ->> 10, incoming.item ->> 11, (incoming.item ->> 12)::integer,
+        (incoming.item ->> 13)::integer, (incoming.item ->> 14)::double precision
     FROM incoming
     ORDER BY incoming.position
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING

@@ -38,7 +38,9 @@
 -- (pgq_concurrency_claim: keys under their limit with a ready next job): the key row is
 -- locked with SKIP LOCKED, at most (limit - in flight) of its ready jobs are taken, and
 -- in_flight is counted up in this statement. Keys at their limit are not in that index,
--- so they cost the claim nothing, and their jobs hold no lease meanwhile.
+-- so they cost the claim nothing, and their jobs hold no lease meanwhile. A key with a
+-- rate limit also spends tokens of its bucket here (refilled at rate_limit per
+-- rate_period on the database clock, holding at most rate_limit): no token, no start.
 -- The last row has a NULL id and says whether producers left partition or concurrency
 -- signals to fold (then the worker runs fold_partition_signals and claims again).
 WITH wanted AS (
@@ -120,15 +122,29 @@ open_keys AS (
     -- pgq_concurrency_claim. Locked, the row is the newest version (rechecked against
     -- in_flight < max_in_flight), so two claims never both fill a key's free slots.
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
-        conc.max_in_flight - conc.in_flight AS free
+        LEAST(
+            conc.max_in_flight - conc.in_flight,
+            COALESCE(floor(conc.tokens)::integer, conc.max_in_flight)
+        ) AS free
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
+            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+            LEAST(
+                conc.rate_limit::double precision,
+                conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                    * conc.rate_limit / conc.rate_period
+            ) AS tokens
         FROM django_pgqueue_concurrency AS conc
         WHERE conc.head_id IS NOT NULL
           AND conc.in_flight < conc.max_in_flight
           AND conc.queue = wanted.queue
           AND conc.head_available_at <= now()
+          AND (
+              conc.rate_limit IS NULL
+              OR conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                  * conc.rate_limit / conc.rate_period >= 1
+          )
         ORDER BY conc.head_priority DESC, conc.head_available_at, conc.head_id
         LIMIT wanted.queue_limit
         FOR UPDATE OF conc SKIP LOCKED
@@ -218,6 +234,14 @@ counted AS (
     -- refresh the row when they finish.
     UPDATE django_pgqueue_concurrency AS conc
     SET in_flight = conc.in_flight + taken.claimed,
+        -- Spend one token per start. The clock never moves back (a claim that began
+        -- before another's commit must not count that refill twice).
+        tokens = LEAST(
+            conc.rate_limit::double precision,
+            conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                * conc.rate_limit / conc.rate_period
+        ) - taken.claimed,
+        tokens_at = GREATEST(conc.tokens_at, now()),
         head_id = next_job.id,
         head_priority = next_job.priority,
         head_available_at = next_job.available_at,
