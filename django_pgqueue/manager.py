@@ -1137,6 +1137,10 @@ class QueueStore:
         resume = next(key for key, kind in rows if kind == "scanned")
         return keys, resume
 
+    def prune_idle_concurrency_keys(self, *, limit: int = 1000) -> int:
+        """Forget rate-limited keys without jobs whose bucket is full again; return how many."""
+        return len(self._run("prune_idle_concurrency_keys", limit=limit).rows)
+
     def repair_partitions(self, partition_keys: Sequence[str]) -> int:
         """Recompute the claim state of ``partition_keys`` from the job table."""
         if not partition_keys:

@@ -39,6 +39,7 @@ ORDER_TASKS = (
     "notify_warehouse",
     "record_analytics_event",
     "request_review",
+    "buy_shipping_label",
 )
 
 

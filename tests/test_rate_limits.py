@@ -15,6 +15,7 @@ from django.test import override_settings
 
 from django_pgqueue.exceptions import InvalidOption
 from django_pgqueue.flow import Rate, parse_rate
+from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import ConcurrencyKey, Job
 from django_pgqueue.states import JobStatus
 from tests import ledger, tasks
@@ -81,3 +82,14 @@ def test_rates_parse(text, rate):
 def test_bad_rates_are_refused(text):
     with pytest.raises(InvalidOption, match="rate_limit"):
         parse_rate("rate_limit", text)
+
+
+def test_an_idle_key_is_forgotten_once_its_bucket_is_full(store, observer):
+    job = store.enqueue(JobSpec("tests.tasks.noop", concurrency_key="api", rate_limit="2/s")).job
+    (claimed,) = store.claim("w", ["default"], per_queue=10, lease_seconds=30)
+    store.complete_if_leased(claimed.lease, "null")
+    assert Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED
+    # One token spent: the empty key keeps its bucket until it has refilled.
+    assert ConcurrencyKey.objects.filter(pk="api", head_id__isnull=True).exists()
+    wait_for(lambda: store.prune_idle_concurrency_keys() == 1, timeout=10, interval=0.1)
+    assert not ConcurrencyKey.objects.filter(pk="api").exists()

@@ -276,3 +276,28 @@ WHERE minute < now() - make_interval(secs => %(retention_seconds)s)
 -- migrations were never applied to this database. Uses no index: to_regclass reads the
 -- catalog.
 SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
+
+
+-- name: prune_idle_concurrency_keys
+-- Forget concurrency keys with no job left whose rate bucket is full again (a key with a
+-- rate limit keeps its row while the bucket refills, so a new job cannot get a fresh,
+-- full bucket early). A full bucket is what a new row starts with, so nothing is lost.
+-- Rows being refreshed or claimed right now are skipped (SKIP LOCKED); the small table
+-- is read in full.
+DELETE FROM django_pgqueue_concurrency AS conc
+WHERE conc.concurrency_key IN (
+    SELECT idle.concurrency_key
+    FROM django_pgqueue_concurrency AS idle
+    WHERE idle.head_id IS NULL
+      AND idle.in_flight = 0
+      AND (
+          idle.rate_limit IS NULL
+          OR idle.tokens + GREATEST(extract(epoch FROM now() - idle.tokens_at), 0)
+              * idle.rate_limit / idle.rate_period >= idle.rate_limit
+      )
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+  AND conc.head_id IS NULL
+  AND conc.in_flight = 0
+RETURNING conc.concurrency_key
