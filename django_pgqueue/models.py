@@ -477,7 +477,7 @@ class ConcurrencyKey(models.Model):
             "django-pgqueue concurrency-limit claim state; written only by queue SQL."
         )
         verbose_name = _("concurrency key")
-        verbose_name_plural = _("concurrency keys")
+        verbose_name_plural = _("flow control")
         indexes = (
             # claim_batch, limited branch: keys under their limit with a next job, in
             # claim order. A key at its limit is not in it, so ten thousand of them cost

@@ -285,7 +285,7 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
     order_id = int(first.split("/")[2])
     assert "placed; its jobs are queued" in page
     # The order page reads its jobs back through Task.get_result().
-    assert page.count(">READY</td>") == 6
+    assert page.count(">READY</td>") == 7
 
     # The same form again (a double click): the same order, nothing new queued.
     jobs_before = _rows(url, "SELECT count(*) FROM django_pgqueue_job")
@@ -300,7 +300,7 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
         [f"receipt:{order_id}"],
     ) == [(1,)]
 
-    # A declined card: the order and its six jobs roll back together.
+    # A declined card: the order and its seven jobs roll back together.
     declined = {**form, "checkout_token": str(uuid.uuid4()), "card_number": "4000000000000002"}
     status, _, page = _checkout(opener, storefront, **declined)
     assert status == 409

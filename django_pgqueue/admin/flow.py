@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
@@ -115,6 +115,15 @@ class FlowControlAdmin(_ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Return False: a row goes away with its key's last job."""
         return False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Render the listing under the page's own title."""
+        return super().changelist_view(
+            request,
+            {"title": _("Flow control: concurrency and rate limits"), **(extra_context or {})},
+        )
 
     @admin.display(description=_("in flight"))
     def in_flight_display(self, row: ConcurrencyKey) -> str:

@@ -304,7 +304,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "concurrency key",
-                "verbose_name_plural": "concurrency keys",
+                "verbose_name_plural": "flow control",
                 "db_table": "django_pgqueue_concurrency",
                 "db_table_comment": "django-pgqueue concurrency-limit claim state; "
                 "written only by queue SQL.",
