@@ -556,7 +556,8 @@ def check(
                     if older.until > newer.start and older.job_id != newer.job_id
                 ]
                 counted = [older for older in flying if excuse(older, newer.start) is None]
-                report.excused["concurrency overlap, a fault"] += len(flying) - len(counted)
+                if len(flying) >= concurrency > len(counted):
+                    report.excused["concurrency overlap, a fault"] += 1
                 if len(counted) >= concurrency:
                     violate(
                         "a concurrency key's limit never exceeded",
