@@ -51,14 +51,25 @@ def test_20_per_second_across_4_workers_for_30_seconds(workers, observer):
         interval=0.5,
     )
     Job.objects.filter(status=JobStatus.PENDING).update(status=JobStatus.CANCELLED)
-    starts = _starts(observer, "rated")
-    window = [at for at in starts if at < first + dt.timedelta(seconds=RUN_SECONDS)]
-    peak = _max_in_a_sliding_second(window)
-    print(f"rate 20/s, 4 workers, {RUN_SECONDS:g} s: {len(window)} starts, max {peak} a second")
-    # Burst: one period's worth on top of the limit, at most.
+    end = first + dt.timedelta(seconds=RUN_SECONDS)
+    # The claims, on the database clock, are what the bucket governs; the handlers' own
+    # starts (the ledger) lag them by a thread hand-off, which can bunch them a little.
+    claims = sorted(
+        at
+        for at in Job.objects.filter(claimed_at__isnull=False).values_list("claimed_at", flat=True)
+        if at < end
+    )
+    window = [at for at in _starts(observer, "rated") if at < end]
+    peak = _max_in_a_sliding_second(claims)
+    print(
+        f"rate 20/s, 4 workers, {RUN_SECONDS:g} s: {len(claims)} claims, max {peak} in a "
+        f"sliding second; handler starts: {len(window)}, max "
+        f"{_max_in_a_sliding_second(window)} in a sliding second"
+    )
+    # Burst: one period's worth (the full bucket) on top of the limit, at most.
     assert peak <= 2 * LIMIT
     # 20/s for 30 s plus the full bucket at the start: 620, within 5% of 600.
-    assert abs(len(window) - LIMIT * RUN_SECONDS) <= 0.05 * LIMIT * RUN_SECONDS
+    assert abs(len(claims) - LIMIT * RUN_SECONDS) <= 0.05 * LIMIT * RUN_SECONDS
 
 
 def test_a_rate_limited_key_keeps_its_bucket_while_empty(store, observer):
