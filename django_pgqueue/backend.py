@@ -48,6 +48,7 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
+from .flow import check_limit, parse_rate
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from .manager import JobSnapshot, JobSpec, QueueStore, blocker_ids
 from .payload import check_key
@@ -96,6 +97,14 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     after: tuple[Any, ...] = ()
     #: If one of them ends dead-lettered or cancelled: "cancel" this job, or "run" it.
     on_blocker_failure: str = BlockerFailure.CANCEL
+    #: Jobs sharing a concurrency key run at most ``concurrency_limit`` at a time, in any
+    #: order, across all workers (None: ``task:<path>`` if a limit is set).
+    concurrency_key: str | None = None
+    #: Jobs of this task (per concurrency key, if one is given) in flight at most.
+    concurrency_limit: int | None = None
+    #: Starts of this task (per concurrency key, if one is given) per period at most:
+    #: ``"20/s"``, ``"1000/h"``, ``"3/10s"``.
+    rate_limit: str | None = None
 
     def using(
         self,
@@ -112,6 +121,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
         debounce: timedelta | float | None = None,
         after: Iterable[Any] | None = None,
         on_blocker_failure: str | None = None,
+        concurrency_key: str | None = None,
     ) -> Self:
         """Return a copy with some options changed (validated at once).
 
@@ -132,6 +142,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
                 ("debounce", debounce),
                 ("after", None if after is None else tuple(after)),
                 ("on_blocker_failure", on_blocker_failure),
+                ("concurrency_key", concurrency_key),
             )
             if value is not None
         }
@@ -287,6 +298,9 @@ class PgQueueBackend(BaseTaskBackend):
             debounce=options.debounce if options else None,
             after=options.after if options else (),
             on_blocker_failure=options.on_blocker_failure if options else BlockerFailure.CANCEL,
+            concurrency_key=options.concurrency_key if options else None,
+            concurrency_limit=options.concurrency_limit if options else None,
+            rate_limit=options.rate_limit if options else None,
         )
 
     # ------------------------------------------------------------------ results
@@ -424,6 +438,21 @@ def _validate_options(task: PgQueueTask) -> None:
         raise InvalidOption(
             "on_blocker_failure",
             f"must be one of {', '.join(BlockerFailure.values)}, not {task.on_blocker_failure!r}",
+        )
+    check_key("concurrency_key", task.concurrency_key, max_length=KEY_MAX_LENGTH)
+    if task.concurrency_limit is not None:
+        check_limit("concurrency_limit", task.concurrency_limit)
+    if task.rate_limit is not None:
+        parse_rate("rate_limit", task.rate_limit)
+    if task.partition_key is not None and (
+        task.concurrency_key is not None
+        or task.concurrency_limit is not None
+        or task.rate_limit is not None
+    ):
+        raise InvalidOption(
+            "concurrency_key",
+            "a task has a partition key (one in flight, in order) or a concurrency limit "
+            "(N in flight, any order), not both",
         )
 
 

@@ -45,6 +45,10 @@ CHECK_IDS = {
     "'cron' extra) is not installed.",
     "django_pgqueue.E207": "A periodic schedule is declared wrongly: a bad name, a malformed "
     "PGQUEUE_SCHEDULES entry, arguments that are not JSON, or a name declared twice.",
+    "django_pgqueue.E301": "A concurrency or rate limit in PGQUEUE_CONCURRENCY_LIMITS or "
+    "PGQUEUE_RATE_LIMITS names a queue that is in no PgQueueBackend's QUEUES.",
+    "django_pgqueue.E302": "A concurrency or rate limit in PGQUEUE_CONCURRENCY_LIMITS or "
+    "PGQUEUE_RATE_LIMITS names a task that cannot be imported or is not a task.",
     "django_pgqueue.W001": "django_pgqueue is installed but no TASKS backend uses it.",
     "django_pgqueue.W002": "An index on a queue table is INVALID (an interrupted concurrent "
     "build or reindex); checked with --database and at worker start.",
@@ -74,6 +78,8 @@ SETTING_CHECK_IDS = {
     "PARTITION_VNODES": "django_pgqueue.E120",
     # E121 was PARTITION_SCAN_LIMIT, removed with migration 0004 (no more scan window).
     "METRICS_TOKEN": "django_pgqueue.E122",
+    "CONCURRENCY_LIMITS": "django_pgqueue.E123",
+    "RATE_LIMITS": "django_pgqueue.E124",
 }
 
 
@@ -93,7 +99,7 @@ def _queue_backends() -> list[Any]:
 
 @checks.register()
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
-    """Report invalid ``PGQUEUE_*`` settings (E101-E120)."""
+    """Report invalid ``PGQUEUE_*`` settings (E101-E124)."""
     return [checks.Error(message, id=SETTING_CHECK_IDS[name]) for name, message in conf.problems()]
 
 
@@ -139,6 +145,46 @@ def check_schedules(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
                 (check_id, f"schedule {schedule.name!r} ({schedule.origin}): {message}")
             )
     return [checks.Error(message, id=check_id) for check_id, message in problems]
+
+
+@checks.register()
+def check_flow_limits(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
+    """Report limits in settings naming an unknown queue (E301) or task (E302).
+
+    Invalid values (a limit of 0, a period of 0 or less) are E123 and E124.
+    """
+    from .backend import resolve_task
+    from .exceptions import ConfigurationError, UnknownTask
+
+    declared: list[tuple[str, str]] = []
+    for setting in ("CONCURRENCY_LIMITS", "RATE_LIMITS"):
+        try:
+            names = getattr(conf, setting)
+        except ConfigurationError:
+            continue  # E123 / E124
+        declared.extend((setting, name) for name in names)
+    backends = _queue_backends()
+    queues = set().union(*(backend.queues for backend in backends)) if backends else set()
+    open_queues = any(not backend.queues for backend in backends)
+    messages = []
+    for setting, name in declared:
+        kind, _, target = name.partition(":")
+        if kind == "queue" and not open_queues and target not in queues:
+            messages.append(
+                checks.Error(
+                    f"PGQUEUE_{setting}[{name!r}]: queue {target!r} is in no PgQueueBackend's "
+                    f"QUEUES ({', '.join(sorted(queues)) or 'none'})",
+                    id="django_pgqueue.E301",
+                )
+            )
+        elif kind == "task":
+            try:
+                resolve_task(target)
+            except UnknownTask as error:
+                messages.append(
+                    checks.Error(f"PGQUEUE_{setting}[{name!r}]: {error}", id="django_pgqueue.E302")
+                )
+    return messages
 
 
 @checks.register(checks.Tags.database)

@@ -73,6 +73,16 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "How long a job whose task no worker can import waits before it is dead-lettered.",
     ),
     SettingSpec("NOTIFY_CHANNEL", "django_pgqueue", "LISTEN/NOTIFY channel for wake-ups."),
+    SettingSpec(
+        "CONCURRENCY_LIMITS",
+        {},
+        'Jobs in flight at most, across all workers: {"task:<path>": n, "queue:<name>": n}.',
+    ),
+    SettingSpec(
+        "RATE_LIMITS",
+        {},
+        'Starts per period at most, across all workers: {"task:<path>": "20/s", ...}.',
+    ),
     SettingSpec("PARTITION_VNODES", 32, "Points per worker on the partition hash ring."),
     SettingSpec(
         "METRICS_TOKEN",
@@ -225,6 +235,48 @@ class Settings:
     def PARTITION_VNODES(self) -> int:  # noqa: N802
         """Points per worker on the partition hash ring."""
         return self._int("PARTITION_VNODES", minimum=1, maximum=1024)
+
+    @property
+    def CONCURRENCY_LIMITS(self) -> dict[str, int]:  # noqa: N802
+        """Concurrency limits declared in settings, by ``task:<path>`` or ``queue:<name>``."""
+        value = self._raw("CONCURRENCY_LIMITS")
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"PGQUEUE_CONCURRENCY_LIMITS must be a dict, not {type(value).__name__}"
+            )
+        for name, limit in value.items():
+            if not isinstance(name, str) or not name.startswith(("task:", "queue:")):
+                raise ConfigurationError(
+                    f"PGQUEUE_CONCURRENCY_LIMITS: {name!r} must be 'task:<dotted path>' or "
+                    "'queue:<name>'"
+                )
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ConfigurationError(
+                    f"PGQUEUE_CONCURRENCY_LIMITS[{name!r}] must be an integer >= 1, not {limit!r}"
+                )
+        return dict(value)
+
+    @property
+    def RATE_LIMITS(self) -> dict[str, str]:  # noqa: N802
+        """Rate limits declared in settings, by ``task:<path>`` or ``queue:<name>``."""
+        from .exceptions import InvalidOption
+        from .flow import parse_rate
+
+        value = self._raw("RATE_LIMITS")
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"PGQUEUE_RATE_LIMITS must be a dict, not {type(value).__name__}"
+            )
+        for name, rate in value.items():
+            if not isinstance(name, str) or not name.startswith(("task:", "queue:")):
+                raise ConfigurationError(
+                    f"PGQUEUE_RATE_LIMITS: {name!r} must be 'task:<dotted path>' or 'queue:<name>'"
+                )
+            try:
+                parse_rate(name, rate)
+            except InvalidOption as error:
+                raise ConfigurationError(f"PGQUEUE_RATE_LIMITS[{name!r}]: {error.reason}") from None
+        return dict(value)
 
     @property
     def METRICS_TOKEN(self) -> str | None:  # noqa: N802

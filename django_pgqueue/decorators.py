@@ -42,6 +42,9 @@ def task(
     partition_key: str | None = None,
     coalesce_key: str | None = None,
     debounce: timedelta | float | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
 ) -> Callable[[Callable[..., Any]], PgQueueTask]: ...
 
 
@@ -60,6 +63,9 @@ def task(
     partition_key: str | None = None,
     coalesce_key: str | None = None,
     debounce: timedelta | float | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    rate_limit: str | None = None,
 ) -> PgQueueTask | Callable[[Callable[..., Any]], PgQueueTask]:
     """Declare a task run by django-pgqueue; use it like ``django.tasks.task``.
 
@@ -87,6 +93,9 @@ def task(
             partition_key=partition_key,
             coalesce_key=coalesce_key,
             debounce=debounce,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit,
         )
 
     if function is not None:

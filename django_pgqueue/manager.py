@@ -31,6 +31,7 @@ from .exceptions import (
     PayloadTooLarge,
     UnknownDependency,
 )
+from .flow import Rate, resolve_limits
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
 from .notices import lease_channel
 from .partition import bucket_for
@@ -104,6 +105,12 @@ class JobSpec:
     available_at: datetime | None = None
     idempotency_key: str | None = None
     partition_key: str | None = None
+    #: Jobs sharing a concurrency key run at most ``concurrency_limit`` at a time, in any
+    #: order (a key without a limit is an error; see :mod:`django_pgqueue.flow`).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    #: At most N starts per period for the job's key: ``"20/s"``, ``"1000/h"``, a Rate.
+    rate_limit: str | Rate | None = None
     #: W3C traceparent of the span that enqueued the job (None: the current span's, if
     #: OpenTelemetry is installed and a span is active).
     traceparent: str | None = None
@@ -151,6 +158,10 @@ class JobSnapshot:
     unknown_task_since: datetime | None
     traceparent: str | None
     coalesce_key: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
@@ -264,6 +275,8 @@ class ClaimedJob:
     unknown_task_since: datetime | None = None
     #: W3C traceparent of the span that enqueued it (None: none was active, or no tracing).
     traceparent: str | None = None
+    #: The job's concurrency key (None: no concurrency limit).
+    concurrency_key: str | None = None
 
     @property
     def lease(self) -> Lease:
@@ -738,7 +751,11 @@ class QueueStore:
         if params["idempotency_key"] is None:
             # The common cases get plain INSERT statements (see sql/enqueue.sql).
             unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
-            if params["available_at"] is None and params["partition_key"] is None:
+            if (
+                params["available_at"] is None
+                and params["partition_key"] is None
+                and params["concurrency_key"] is None
+            ):
                 del unkeyed["available_at"]
                 row = self._run("enqueue", channel=channel, **unkeyed).rows[0]
             else:
@@ -1030,6 +1047,7 @@ class QueueStore:
                     worker_id=worker_id,
                     unknown_task_since=row[17],
                     traceparent=row[18],
+                    concurrency_key=row[19],
                 )
             )
         return claimed, signalled, folded
@@ -1053,7 +1071,9 @@ class QueueStore:
         the handler's connection inside its transaction, this makes the handler's writes
         and the completion commit or roll back together.
         """
-        finished_at: datetime = self._run_fenced("complete_if_leased", lease, result=result_json)[1]
+        finished_at: datetime = self._run_fenced(
+            "complete_if_leased", lease, result=result_json, channel=conf.NOTIFY_CHANNEL
+        )[1]
         return finished_at
 
     def complete_many_if_leased(
@@ -1075,7 +1095,12 @@ class QueueStore:
             )
             + "]"
         )
-        rows = self._run("complete_many_if_leased", worker_id=worker_id, completions=document).rows
+        rows = self._run(
+            "complete_many_if_leased",
+            worker_id=worker_id,
+            completions=document,
+            channel=conf.NOTIFY_CHANNEL,
+        ).rows
         return {row[0] for row in rows}
 
     def fail_if_leased(
@@ -1087,9 +1112,10 @@ class QueueStore:
         Raises :class:`LeaseLost` (changing nothing) if the lease is no longer held.
         """
         policy = policy or RetryPolicy.from_settings()
-        job_id, status, available_at, attempts, max_attempts, _ = self._run_fenced(
+        job_id, status, available_at, attempts, max_attempts, _, _ = self._run_fenced(
             "fail_if_leased",
             lease,
+            channel=conf.NOTIFY_CHANNEL,
             permanent=failure.permanent,
             error_class=failure.exception_class,
             message=failure.message,
@@ -1231,6 +1257,10 @@ class QueueStore:
         keys = [key for key, kind in rows if kind != "scanned"]
         resume = next(key for key, kind in rows if kind == "scanned")
         return keys, resume
+
+    def prune_idle_concurrency_keys(self, *, limit: int = 1000) -> int:
+        """Forget rate-limited keys without jobs whose bucket is full again; return how many."""
+        return len(self._run("prune_idle_concurrency_keys", limit=limit).rows)
 
     def repair_partitions(self, partition_keys: Sequence[str]) -> int:
         """Recompute the claim state of ``partition_keys`` from the job table."""
@@ -1667,11 +1697,19 @@ class _Defaults:
     use_tz: bool
     #: The active span's W3C traceparent (None without OpenTelemetry or without a span).
     traceparent: str | None
+    #: PGQUEUE_CONCURRENCY_LIMITS and PGQUEUE_RATE_LIMITS (declared in settings).
+    concurrency_limits: dict[str, int]
+    rate_limits: dict[str, str]
 
     @classmethod
     def read(cls) -> _Defaults:
         return cls(
-            conf.MAX_ATTEMPTS, conf.MAX_PAYLOAD_BYTES, settings.USE_TZ, current_traceparent()
+            conf.MAX_ATTEMPTS,
+            conf.MAX_PAYLOAD_BYTES,
+            settings.USE_TZ,
+            current_traceparent(),
+            conf.CONCURRENCY_LIMITS,
+            conf.RATE_LIMITS,
         )
 
 
@@ -1737,6 +1775,16 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
     partition_key = spec.partition_key
     if partition_key is not None:
         check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
+    flow = resolve_limits(
+        task_path,
+        queue,
+        spec.concurrency_key,
+        spec.concurrency_limit,
+        spec.rate_limit,
+        partition_key=partition_key,
+        concurrency_limits=defaults.concurrency_limits,
+        rate_limits=defaults.rate_limits,
+    )
     args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
     after = blocker_ids(spec.after)
     if after and idempotency_key is not None:
@@ -1762,6 +1810,10 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         "partition_key": partition_key,
         "partition_bucket": None if partition_key is None else bucket_for(partition_key),
         "traceparent": _traceparent(spec.traceparent, defaults),
+        "concurrency_key": flow.key,
+        "concurrency_limit": flow.concurrency,
+        "rate_limit": None if flow.rate is None else flow.rate.limit,
+        "rate_period": None if flow.rate is None else flow.rate.period,
     }
 
 
@@ -1843,7 +1895,11 @@ def _jobs_document(prepared: list[dict[str, Any]]) -> str:
             f"{p['priority']},{p['max_attempts']},"
             f"{'null' if available_at is None else json.dumps(available_at.isoformat())},"
             f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
-            f"{'null' if bucket is None else bucket},{text(p['traceparent'])}]"
+            f"{'null' if bucket is None else bucket},{text(p['traceparent'])},"
+            f"{text(p['concurrency_key'])},"
+            f"{'null' if p['concurrency_limit'] is None else p['concurrency_limit']},"
+            f"{'null' if p['rate_limit'] is None else p['rate_limit']},"
+            f"{'null' if p['rate_period'] is None else p['rate_period']}]"
         )
     return "[" + ",".join(parts) + "]"
 
@@ -1877,6 +1933,10 @@ def _new_snapshot(
         idempotency_key=params["idempotency_key"],
         partition_key=params["partition_key"],
         partition_bucket=params["partition_bucket"],
+        concurrency_key=params["concurrency_key"],
+        concurrency_limit=params["concurrency_limit"],
+        rate_limit=params["rate_limit"],
+        rate_period=params["rate_period"],
         step=None,
         unknown_task_since=None,
         traceparent=params["traceparent"],

@@ -59,6 +59,11 @@ _UNPARTITIONED = Q(partition_key__isnull=True)
 # NULL" (same rows, by pgq_job_bucket_with_key), which the probes by partition_key do not
 # imply; pgq_job_lease and pgq_job_pending name the column they are searched by.
 _BUCKETED = Q(partition_bucket__isnull=False)
+# Jobs under a concurrency limit are claimed through their key's row
+# (django_pgqueue_concurrency), never from pgq_job_claim: thousands of them waiting on
+# keys at their limit must cost a plain claim nothing.
+_LIMITED = Q(concurrency_key__isnull=False)
+_UNLIMITED = Q(concurrency_key__isnull=True)
 
 
 class Job(models.Model):
@@ -133,6 +138,28 @@ class Job(models.Model):
         db_comment="While the job is pending, enqueueing with this key returns it instead "
         "of inserting another (pgq_job_coalesce_key).",
     )
+    concurrency_key = models.CharField(  # noqa: DJ001
+        _("concurrency key"),
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        db_comment="Jobs sharing it run at most concurrency_limit at a time, in any order.",
+    )
+    concurrency_limit = models.IntegerField(
+        _("concurrency limit"),
+        null=True,
+        blank=True,
+        db_comment="Jobs of concurrency_key in flight at most (from the task or settings).",
+    )
+    rate_limit = models.IntegerField(
+        _("rate limit"),
+        null=True,
+        blank=True,
+        db_comment="Starts of concurrency_key per rate_period at most.",
+    )
+    rate_period = models.FloatField(
+        _("rate period"), null=True, blank=True, db_comment="Seconds of the rate limit's period."
+    )
     traceparent = models.TextField(  # noqa: DJ001
         _("trace parent"),
         null=True,
@@ -167,7 +194,20 @@ class Job(models.Model):
             models.Index(
                 fields=["queue", "-priority", "available_at", "id"],
                 name="pgq_job_claim",
-                condition=_PENDING & _UNPARTITIONED,
+                condition=_PENDING & _UNPARTITIONED & _UNLIMITED,
+            ),
+            # claim_batch, limited branch: a key's pending jobs in claim order; and
+            # django_pgqueue_refresh_concurrency's next-job probe.
+            models.Index(
+                fields=["concurrency_key", "-priority", "available_at", "id"],
+                name="pgq_job_conc_pending",
+                condition=_PENDING & _LIMITED,
+            ),
+            # django_pgqueue_refresh_concurrency: a key's jobs in flight (counted).
+            models.Index(
+                fields=["concurrency_key"],
+                name="pgq_job_conc_processing",
+                condition=_PROCESSING & _LIMITED,
             ),
             # claim_batch, partitioned branch (the bucket-filtered claim): same order;
             # the owned-bucket filter and head-of-partition checks run on its rows.
@@ -484,6 +524,92 @@ class PartitionSignal(models.Model):
 
     def __str__(self) -> str:
         return self.partition_key
+
+
+class ConcurrencyKey(models.Model):
+    """The claim state of one concurrency key: its limit, what is in flight, what is next.
+
+    The generalisation of :class:`Partition` to "at most N in flight, any order". Kept by
+    the queue's own statements, never by the ORM: the claim counts what it takes, and
+    each statement that moves a limited job (complete, fail, release, reap) recounts the
+    row in the same transaction, under the row's lock, from the job table itself (the
+    function ``django_pgqueue_refresh_concurrency`` of migration 0011). Producers append
+    a :class:`ConcurrencySignal` instead. A row exists while its key has a pending or
+    processing job.
+    """
+
+    concurrency_key = models.CharField(
+        _("concurrency key"), primary_key=True, max_length=KEY_MAX_LENGTH
+    )
+    queue = models.CharField(  # noqa: DJ001 - NULL only while the row is being created
+        _("queue of the next job"), max_length=QUEUE_MAX_LENGTH, null=True, blank=True
+    )
+    max_in_flight = models.IntegerField(
+        _("limit"), db_default=1, db_comment="Jobs in flight at most (the newest job's limit)."
+    )
+    in_flight = models.IntegerField(
+        _("in flight"), db_default=0, db_comment="Processing jobs of the key (leased)."
+    )
+    rate_limit = models.IntegerField(
+        _("rate limit"),
+        null=True,
+        blank=True,
+        db_comment="Starts per rate_period at most; NULL: no rate limit.",
+    )
+    rate_period = models.FloatField(_("rate period (s)"), null=True, blank=True)
+    tokens = models.FloatField(
+        _("tokens"),
+        null=True,
+        blank=True,
+        db_comment="Token bucket: starts allowed as of tokens_at (at most rate_limit).",
+    )
+    tokens_at = models.DateTimeField(_("tokens counted at"), null=True, blank=True)
+    head_id = models.BigIntegerField(
+        _("next job"),
+        null=True,
+        blank=True,
+        db_comment="Best ready pending job (else the soonest ready); NULL: none.",
+    )
+    head_priority = models.SmallIntegerField(_("next job's priority"), null=True, blank=True)
+    head_available_at = models.DateTimeField(_("next job available at"), null=True, blank=True)
+    refreshed_at = models.DateTimeField(_("refreshed at"), db_default=Now())
+
+    class Meta:
+        db_table = "django_pgqueue_concurrency"
+        db_table_comment = (
+            "django-pgqueue concurrency-limit claim state; written only by queue SQL."
+        )
+        verbose_name = _("concurrency key")
+        verbose_name_plural = _("flow control")
+        indexes = (
+            # claim_batch, limited branch: keys under their limit with a next job, in
+            # claim order. A key at its limit is not in it, so ten thousand of them cost
+            # a claim nothing.
+            models.Index(
+                fields=["queue", "-head_priority", "head_available_at", "head_id"],
+                name="pgq_concurrency_claim",
+                condition=Q(head_id__isnull=False, in_flight__lt=F("max_in_flight")),
+            ),
+        )
+
+    def __str__(self) -> str:
+        return self.concurrency_key
+
+
+class ConcurrencySignal(models.Model):
+    """A note from a producer that a concurrency key has new work: "refresh this key"."""
+
+    id = models.BigAutoField(primary_key=True)
+    concurrency_key = models.CharField(_("concurrency key"), max_length=KEY_MAX_LENGTH)
+
+    class Meta:
+        db_table = "django_pgqueue_concurrency_signal"
+        db_table_comment = "django-pgqueue: concurrency keys to refresh; folded in by claims."
+        verbose_name = _("concurrency signal")
+        verbose_name_plural = _("concurrency signals")
+
+    def __str__(self) -> str:
+        return self.concurrency_key
 
 
 class Worker(models.Model):

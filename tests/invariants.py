@@ -25,6 +25,7 @@ Every other overlap is a violation.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import itertools
 from collections import Counter, defaultdict
@@ -199,7 +200,8 @@ def load_evidence(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> Evid
             row["id"]: row
             for row in cursor.execute(
                 "SELECT id, task_path, queue, status, attempts, max_attempts, "
-                "lease_generation, partition_key, errors, result, kwargs "
+                "lease_generation, partition_key, errors, result, kwargs, "
+                "concurrency_key, concurrency_limit, rate_limit, rate_period "
                 "FROM django_pgqueue_job WHERE id = ANY(%s)",
                 [list(job_ids)],
             ).fetchall()
@@ -527,6 +529,67 @@ def check(
                     f"{first_starts[earlier].isoformat()}, before older job {later} "
                     f"({first_starts[later].isoformat()})",
                 )
+
+    # ---- concurrency keys: never more than the limit in flight; rates within the burst
+    by_key: dict[str, list[Execution]] = defaultdict(list)
+    limits: dict[str, tuple[int | None, int | None, float | None]] = {}
+    for job_id, job in evidence.jobs.items():
+        key = job.get("concurrency_key")
+        if key is not None:
+            limits[key] = (job["concurrency_limit"], job["rate_limit"], job["rate_period"])
+            by_key[key].extend(
+                run
+                for run in runs.get(job_id, [])
+                if any(e["event"] == "start" for e in run.entries)
+            )
+    for key, key_runs in sorted(by_key.items()):
+        key_runs.sort(key=lambda run: run.start)
+        concurrency, rate, period = limits[key]
+        if concurrency is not None:
+            report.checks["a concurrency key's limit never exceeded"] += 1
+            for index, newer in enumerate(key_runs):
+                # Older executions still running when this one started, unless a fault
+                # on their process let their lease go (their slot was rightly reused).
+                flying = [
+                    older
+                    for older in key_runs[:index]
+                    if older.until > newer.start and older.job_id != newer.job_id
+                ]
+                counted = [older for older in flying if excuse(older, newer.start) is None]
+                if len(flying) >= concurrency > len(counted):
+                    report.excused["concurrency overlap, a fault"] += 1
+                if len(counted) >= concurrency:
+                    violate(
+                        "a concurrency key's limit never exceeded",
+                        newer.job_id,
+                        f"key {key!r} (limit {concurrency}): job {newer.job_id} started while "
+                        f"{len(counted)} of its jobs still ran, with no injected fault",
+                        *(older.describe() for older in counted),
+                        newer.describe(),
+                    )
+                    break
+        if rate is not None and period is not None:
+            report.checks["a rate limit's starts within limit + burst per period"] += 1
+            window = dt.timedelta(seconds=period)
+            starts = [run.start for run in key_runs]
+            # A start recorded late by a paused process may bunch with others: such
+            # starts are excused (the claim, on the database clock, happened earlier).
+            late = [
+                any(fault.hits(run.pid, run.start - margin, run.start) for fault in faults)
+                for run in key_runs
+            ]
+            for index, at in enumerate(starts):
+                inside = range(index, bisect.bisect_left(starts, at + window))
+                counted_starts = sum(1 for i in inside if not late[i])
+                # The documented burst: the bucket holds one period's worth.
+                if counted_starts > 2 * rate:
+                    violate(
+                        "a rate limit's starts within limit + burst per period",
+                        key_runs[index].job_id,
+                        f"key {key!r} ({rate}/{period:g}s): {counted_starts} starts within "
+                        f"{period:g}s from {at.isoformat()}, over twice the limit",
+                    )
+                    break
 
     # ---- every execution ended
     for job_runs in runs.values():

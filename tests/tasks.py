@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from django_pgqueue import compat
@@ -597,3 +598,25 @@ def ledger_chain_step(context: Any, label: str, seconds: float = 0.0) -> list[st
         time.sleep(seconds)
     _ledger(context, "end", label)
     return [*(context.previous_result or []), label]
+
+
+@task(takes_context=True, concurrency_limit=3)
+def ledger_limited(context: Any, seconds: float = 0.0, label: str = "") -> None:
+    """Runs at most 3 at a time per concurrency key (per task without one)."""
+    _ledger(context, "start", label)
+    time.sleep(seconds)
+    _ledger(context, "end", label)
+
+
+@task(takes_context=True, concurrency_limit=2)
+def ledger_task_limited(context: Any, seconds: float = 0.0) -> None:
+    """At most 2 jobs of this task in flight (no key: the task is the key)."""
+    _ledger(context, "start", "task")
+    time.sleep(seconds)
+    _ledger(context, "end", "task")
+
+
+@task(takes_context=True, rate_limit="20/s")
+def ledger_rated(context: Any, label: str = "rated") -> None:
+    """At most 20 starts a second across all workers."""
+    _ledger(context, "start", label)

@@ -113,6 +113,8 @@ BAD_VALUES = {
     "NOTIFY_CHANNEL": "no spaces; allowed",
     "PARTITION_VNODES": 0,
     "METRICS_TOKEN": "short",
+    "CONCURRENCY_LIMITS": {"task:tests.tasks.noop": 0},
+    "RATE_LIMITS": {"task:tests.tasks.noop": "20/0s"},
 }
 
 
@@ -167,3 +169,51 @@ def test_every_check_id_in_the_code_is_documented():
     # Schedule declarations report (check id, message) pairs (django_pgqueue/periodic.py).
     used |= set(re.findall(r'\(\s*"(django_pgqueue\.[EW]\d{3})",', source))
     assert used == set(pgqueue_checks.CHECK_IDS)
+
+
+def test_e301_a_limit_names_an_unknown_queue():
+    with override_settings(
+        PGQUEUE_CONCURRENCY_LIMITS={"queue:nope": 2, "queue:emails": 2},
+        PGQUEUE_RATE_LIMITS={"queue:nada": "5/s"},
+    ):
+        messages = pgqueue_checks.check_flow_limits()
+    assert _ids(messages) == ["django_pgqueue.E301", "django_pgqueue.E301"]
+    assert "'nope'" in messages[0].msg
+    assert "'nada'" in messages[1].msg
+
+
+def test_e302_a_limit_names_an_unknown_task():
+    with override_settings(
+        PGQUEUE_CONCURRENCY_LIMITS={"task:tests.tasks.missing": 2, "task:tests.tasks.noop": 2},
+        PGQUEUE_RATE_LIMITS={"task:tests.tasks.not_a_task": "5/s"},
+    ):
+        messages = pgqueue_checks.check_flow_limits()
+    assert _ids(messages) == ["django_pgqueue.E302", "django_pgqueue.E302"]
+    assert "tests.tasks.missing" in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "check_id"),
+    [
+        ("CONCURRENCY_LIMITS", {"queue:emails": 0}, "django_pgqueue.E123"),
+        ("CONCURRENCY_LIMITS", {"tenant:1": 2}, "django_pgqueue.E123"),
+        ("RATE_LIMITS", {"queue:emails": "0/s"}, "django_pgqueue.E124"),
+        ("RATE_LIMITS", {"queue:emails": "5/-1s"}, "django_pgqueue.E124"),
+    ],
+)
+def test_bad_limits_in_settings(setting, value, check_id):
+    with override_settings(**{f"PGQUEUE_{setting}": value}):
+        assert _ids(pgqueue_checks.check_settings()) == [check_id]
+        assert pgqueue_checks.check_flow_limits() == []
+
+
+def test_a_bad_limit_on_a_task_fails_at_declaration():
+    from django_pgqueue import task
+    from django_pgqueue.exceptions import InvalidOption
+
+    with pytest.raises(InvalidOption, match="concurrency_limit"):
+        task(concurrency_limit=0)(lambda: None)
+    with pytest.raises(InvalidOption, match="rate_limit"):
+        task(rate_limit="10/0s")(lambda: None)
+    with pytest.raises(InvalidOption, match="not both"):
+        task(partition_key="p", concurrency_limit=2)(lambda: None)

@@ -39,6 +39,7 @@ ORDER_TASKS = (
     "notify_warehouse",
     "record_analytics_event",
     "request_review",
+    "buy_shipping_label",
 )
 
 
@@ -293,8 +294,8 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
     order_id = int(first.split("/")[2])
     assert "placed; its jobs are queued" in page
     # The order page reads its jobs back through Task.get_result().
-    # Six follow-ups, and the invoice PDF (blocked until its lines are priced: READY too).
-    assert page.count(">READY</td>") == 7
+    # Seven follow-ups, and the invoice PDF (blocked until its lines are priced: READY too).
+    assert page.count(">READY</td>") == 8
 
     # The same form again (a double click): the same order, nothing new queued.
     jobs_before = _rows(url, "SELECT count(*) FROM django_pgqueue_job")
@@ -309,7 +310,7 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
         [f"receipt:{order_id}"],
     ) == [(1,)]
 
-    # A declined card: the order and its six jobs roll back together.
+    # A declined card: the order and its seven jobs roll back together.
     declined = {**form, "checkout_token": str(uuid.uuid4()), "card_number": "4000000000000002"}
     status, _, page = _checkout(opener, storefront, **declined)
     assert status == 409

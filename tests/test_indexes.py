@@ -73,8 +73,12 @@ PARAMS: dict[str, dict[str, Any]] = {
     "reap_expired": {"limit": 1000, "job_ids": None, **_RETRY},
     "prune_finished": {"retention_seconds": 3600.0, "limit": 1000},
     "prune_dead_letters": {"retention_seconds": 3600.0, "limit": 1000},
-    "complete_if_leased": {**_LEASE, "result": "null"},
-    "complete_many_if_leased": {"completions": "[[1, 1, null], [2, 1, 3]]", "worker_id": "w"},
+    "complete_if_leased": {**_LEASE, "result": "null", "channel": "c"},
+    "complete_many_if_leased": {
+        "completions": "[[1, 1, null], [2, 1, 3]]",
+        "worker_id": "w",
+        "channel": "c",
+    },
     "fail_if_leased": {
         **_LEASE,
         **_RETRY,
@@ -82,6 +86,7 @@ PARAMS: dict[str, dict[str, Any]] = {
         "error_class": "E",
         "message": "m",
         "traceback": "t",
+        "channel": "c",
     },
     "extend_lease_if_leased": {**_LEASE, "lease_seconds": 30.0},
     "extend_leases_if_leased": {**_MANY, "lease_seconds": 30.0},
@@ -136,6 +141,8 @@ EXPECTED_INDEXES = {
         "pgq_job_claim",
         "pgq_job_part_pending",
         "pgq_job_part_processing",
+        # Jobs under a concurrency limit: the key's ready jobs, and its next job.
+        "pgq_job_conc_pending",
         *PRIMARY_KEY,
     },
     "partitions_out_of_date": {"pgq_job_part_pending", *PRIMARY_KEY},

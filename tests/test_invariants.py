@@ -158,3 +158,34 @@ def test_a_job_left_pending_or_missing_is_a_violation():
     report = check(data, faults=[], lease_seconds=2)
     details = [v.detail for v in report.violations if v.invariant.startswith("every job")]
     assert sorted(details) == ["left in pending", "the job row is gone (lost)"]
+
+
+def limited(job_id: int, *, limit: int | None = 2, rate: int | None = None) -> dict:
+    return {
+        **job(job_id),
+        "concurrency_key": "tenant",
+        "concurrency_limit": limit,
+        "rate_limit": rate,
+        "rate_period": None if rate is None else 1.0,
+    }
+
+
+def test_a_concurrency_key_over_its_limit_is_a_violation_unless_a_fault_explains_it():
+    jobs = [limited(1), limited(2), limited(3)]
+    runs = [run(1, 1, 0, 3, pid=100), run(2, 1, 0.5, 3, pid=200), run(3, 1, 1, 2, pid=300)]
+    report = check(evidence(jobs, *runs), faults=[], lease_seconds=0.1)
+    assert invariants_broken(report) == {"a concurrency key's limit never exceeded"}
+    # The first execution's process was paused: its lease went, its slot was reused.
+    pause = Fault("pause", at(0.2), at(0.8), frozenset({100}))
+    report = check(evidence(jobs, *runs), faults=[pause], lease_seconds=0.1)
+    assert report.violations == []
+    assert report.excused["concurrency overlap, a fault"] == 1
+
+
+def test_a_rate_limit_over_twice_its_limit_in_a_period_is_a_violation():
+    jobs = [limited(n, limit=None, rate=2) for n in range(1, 7)]
+    bunched = [run(n, 1, 0.1 * n, 0.1 * n + 0.01) for n in range(1, 6)]
+    report = check(evidence(jobs[:5], *bunched), faults=[], lease_seconds=0.1)
+    assert invariants_broken(report) == {"a rate limit's starts within limit + burst per period"}
+    spread = [run(n, 1, 0.6 * n, 0.6 * n + 0.01) for n in range(1, 7)]
+    assert check(evidence(jobs, *spread), faults=[], lease_seconds=0.1).violations == []

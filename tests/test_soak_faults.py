@@ -28,6 +28,7 @@ import os
 import random
 import time
 from collections import Counter
+from typing import Any
 
 import psycopg
 import pytest
@@ -103,6 +104,17 @@ def workload(rng: random.Random) -> list[tuple[str, JobSpec]]:
             max_attempts = 3
         else:
             kind, task, kwargs = "plain", "soak_plain", {}
+        # Flow limits (never with a partition key): a few tenants of at most 2 in flight,
+        # and a rate-limited API key.
+        limits: dict[str, Any] = {}
+        if kind == "plain" and partition is None and rng.random() < 0.15:
+            if rng.random() < 0.6:
+                kind = "limited"
+                limits = {"concurrency_key": f"tenant{rng.randrange(4)}", "concurrency_limit": 2}
+                kwargs = {"seconds": rng.choice((0.005, 0.02, 0.1))}
+            else:
+                kind = "rated"
+                limits = {"concurrency_key": "label-api", "rate_limit": "20/s"}
         jobs.append(
             (
                 kind,
@@ -113,6 +125,7 @@ def workload(rng: random.Random) -> list[tuple[str, JobSpec]]:
                     kwargs=kwargs,
                     partition_key=partition,
                     max_attempts=max_attempts,
+                    **limits,
                 ),
             )
         )

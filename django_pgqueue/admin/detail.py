@@ -25,6 +25,7 @@ from ..models import Job, Worker
 from ..periodic import parse_fire_key
 from ..states import JobStatus
 from .actions import OPERATIONS, RETURN_TO, Operation, has_operation_permission
+from .flow import describe_wait
 from .formatting import UNKNOWN_TASK_LABEL, duration, pretty_json, relative, status_badge
 
 if TYPE_CHECKING:
@@ -121,6 +122,7 @@ def render_job_detail(
         "scheduled": parse_fire_key(job.idempotency_key),
         **_partition(job),
         **_dependencies(job),
+        "flow_wait": describe_wait(job),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/job_detail.html", context)

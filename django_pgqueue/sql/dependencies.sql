@@ -30,15 +30,17 @@ WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, finished_at, last_error, errors,
-        idempotency_key, partition_key, partition_bucket, traceparent
+        idempotency_key, partition_key, partition_bucket, traceparent, concurrency_key,
+        concurrency_limit, rate_limit, rate_period
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
         %(status)s::text, 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
         now(), CASE WHEN %(status)s::text = 'cancelled' THEN now() END, %(last_error)s::text,
-        '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s
+        '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s,
+        %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s
     )
-    RETURNING id, created_at, available_at, queue, partition_key, status
+    RETURNING id, created_at, available_at, queue, partition_key, concurrency_key, status
 ),
 linked AS (
     INSERT INTO django_pgqueue_dependency (
@@ -64,6 +66,11 @@ signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT inserted.partition_key FROM inserted
     WHERE inserted.status = 'pending' AND inserted.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT inserted.concurrency_key FROM inserted
+    WHERE inserted.status = 'pending' AND inserted.concurrency_key IS NOT NULL
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at,
     (SELECT count(*) FROM woken)::text AS notified

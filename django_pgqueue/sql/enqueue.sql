@@ -8,7 +8,8 @@
 -- A partitioned job also appends a partition signal (django_pgqueue_partition_signal):
 -- the next claim sees it and has its partition's row refreshed. Appending takes no lock a
 -- worker could wait on, however long the producer's transaction stays open, and the
--- signal becomes visible exactly when the job does.
+-- signal becomes visible exactly when the job does. A job under a concurrency limit
+-- appends a concurrency signal (django_pgqueue_concurrency_signal) the same way.
 
 
 -- name: enqueue
@@ -37,14 +38,16 @@ WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent
+        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit,
+        rate_limit, rate_period
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
         'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
-        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s
+        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s,
+        %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s
     )
-    RETURNING id, created_at, available_at, queue, partition_key
+    RETURNING id, created_at, available_at, queue, partition_key, concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, inserted.queue)
@@ -54,6 +57,10 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT inserted.concurrency_key FROM inserted WHERE inserted.concurrency_key IS NOT NULL
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at,
     (SELECT count(*) FROM woken)::text AS notified
@@ -70,13 +77,15 @@ WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent
+        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit,
+        rate_limit, rate_period
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
         'pending', 0, %(max_attempts)s, 0, COALESCE(%(available_at)s::timestamptz, now()),
         now(), '[]'::jsonb, %(idempotency_key)s, %(partition_key)s, %(partition_bucket)s,
-        %(traceparent)s
+        %(traceparent)s, %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s,
+        %(rate_period)s
     )
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
@@ -89,6 +98,10 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT inserted.concurrency_key FROM inserted WHERE inserted.concurrency_key IS NOT NULL
 )
 SELECT inserted.*, true AS created, (SELECT count(*) FROM woken) AS notified
 FROM inserted
@@ -102,7 +115,8 @@ WHERE existing.idempotency_key = %(idempotency_key)s
 -- name: enqueue_many
 -- Insert many jobs in one statement; rows whose idempotency key is taken are skipped.
 -- jobs is one JSON document, [[queue, task_path, args, kwargs, priority, max_attempts,
--- available_at, idempotency_key, partition_key, partition_bucket, traceparent], ...]: cheaper to send
+-- available_at, idempotency_key, partition_key, partition_bucket, traceparent,
+-- concurrency_key, concurrency_limit, rate_limit, rate_period], ...]: cheaper to send
 -- and parse than ten parallel arrays. Rows come back in input order with just what the
 -- caller does not know yet; skipped rows are missing and the caller reads them with
 -- select_by_idempotency_keys.
@@ -114,18 +128,21 @@ inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent
+        partition_key, partition_bucket, traceparent, concurrency_key, concurrency_limit,
+        rate_limit, rate_period
     )
     SELECT
         incoming.item ->> 0, incoming.item ->> 1, incoming.item -> 2, incoming.item -> 3,
         (incoming.item ->> 4)::smallint, 'pending', 0, (incoming.item ->> 5)::integer, 0,
         COALESCE((incoming.item ->> 6)::timestamptz, now()), now(), '[]'::jsonb,
         incoming.item ->> 7, incoming.item ->> 8, (incoming.item ->> 9)::smallint,
-        incoming.item ->> 10
+        incoming.item ->> 10, incoming.item ->> 11, (incoming.item ->> 12)::integer,
+        (incoming.item ->> 13)::integer, (incoming.item ->> 14)::double precision
     FROM incoming
     ORDER BY incoming.position
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, created_at, available_at, idempotency_key, queue, partition_key
+    RETURNING id, created_at, available_at, idempotency_key, queue, partition_key,
+        concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -134,6 +151,11 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT inserted.concurrency_key FROM inserted
+    WHERE inserted.concurrency_key IS NOT NULL
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at, inserted.idempotency_key,
     (SELECT count(*) FROM woken) AS notified
@@ -162,7 +184,8 @@ WITH upserted AS (
     INSERT INTO django_pgqueue_job AS job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent, coalesce_key
+        partition_key, partition_bucket, traceparent, coalesce_key, concurrency_key,
+        concurrency_limit, rate_limit, rate_period
     )
     VALUES (
         %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
@@ -172,7 +195,8 @@ WITH upserted AS (
             now() + make_interval(secs => COALESCE(%(debounce_seconds)s::float8, 0))
         ),
         now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s,
-        %(traceparent)s, %(coalesce_key)s
+        %(traceparent)s, %(coalesce_key)s, %(concurrency_key)s, %(concurrency_limit)s,
+        %(rate_limit)s, %(rate_period)s
     )
     ON CONFLICT (coalesce_key) WHERE status = 'pending' AND coalesce_key IS NOT NULL
     DO UPDATE SET
@@ -197,6 +221,13 @@ signalled AS (
     SELECT upserted.partition_key
     FROM upserted
     WHERE upserted.partition_key IS NOT NULL AND upserted.created
+),
+signalled_keys AS (
+    -- Likewise for a new job under a concurrency limit (a moved one: the trigger of 0011).
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT upserted.concurrency_key
+    FROM upserted
+    WHERE upserted.concurrency_key IS NOT NULL AND upserted.created
 )
 SELECT upserted.*, (SELECT count(*) FROM woken) AS notified
 FROM upserted

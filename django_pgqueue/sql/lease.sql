@@ -15,6 +15,10 @@
 -- * A statement that moves a partitioned job refreshes its partition row in the same
 --   transaction (django_pgqueue_refresh_partitions, migration 0004), taking partition
 --   locks in key order after its job locks; the claim takes both with SKIP LOCKED.
+-- * Likewise a statement that moves a job under a concurrency limit recounts its key's
+--   row (django_pgqueue_refresh_concurrency, migration 0011), after its partition rows,
+--   and passes the notify channel: a key that drops under its limit with a ready job
+--   wakes its queue's workers, so a waiting job starts as soon as a slot frees.
 
 
 -- name: claim_batch
@@ -30,8 +34,15 @@
 -- none processing), so a stale partition row can delay a job but never reorder one.
 -- bucket_masks holds, per queue, 1024 characters '0'/'1' marking the owned buckets
 -- (NULL: all buckets).
--- The last row has a NULL id and says whether producers left partition signals to fold
--- (then the worker runs fold_partition_signals and claims again).
+-- A job under a concurrency limit is claimed only through its key's row
+-- (pgq_concurrency_claim: keys under their limit with a ready next job): the key row is
+-- locked with SKIP LOCKED, at most (limit - in flight) of its ready jobs are taken, and
+-- in_flight is counted up in this statement. Keys at their limit are not in that index,
+-- so they cost the claim nothing, and their jobs hold no lease meanwhile. A key with a
+-- rate limit also spends tokens of its bucket here (refilled at rate_limit per
+-- rate_period on the database clock, holding at most rate_limit): no token, no start.
+-- The last row has a NULL id and says whether producers left partition or concurrency
+-- signals to fold (then the worker runs fold_partition_signals and claims again).
 WITH wanted AS (
     SELECT *
     FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
@@ -52,6 +63,7 @@ unpartitioned AS (
         FROM django_pgqueue_job AS job
         WHERE job.status = 'pending'
           AND job.partition_key IS NULL
+          AND job.concurrency_key IS NULL
           AND job.queue = wanted.queue
           AND job.available_at <= now()
         ORDER BY job.priority DESC, job.available_at, job.id
@@ -112,8 +124,60 @@ partition_heads AS (
       ) IS NULL
     FOR UPDATE OF job SKIP LOCKED
 ),
+open_keys AS (
+    -- pgq_concurrency_claim. Locked, the row is the newest version (rechecked against
+    -- in_flight < max_in_flight), so two claims never both fill a key's free slots.
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
+        LEAST(
+            conc.max_in_flight - conc.in_flight,
+            COALESCE(floor(conc.tokens)::integer, conc.max_in_flight)
+        ) AS free
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
+            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+            LEAST(
+                conc.rate_limit::double precision,
+                conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                    * conc.rate_limit / conc.rate_period
+            ) AS tokens
+        FROM django_pgqueue_concurrency AS conc
+        WHERE conc.head_id IS NOT NULL
+          AND conc.in_flight < conc.max_in_flight
+          AND conc.queue = wanted.queue
+          AND conc.head_available_at <= now()
+          AND (
+              conc.rate_limit IS NULL
+              OR conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                  * conc.rate_limit / conc.rate_period >= 1
+          )
+        ORDER BY conc.head_priority DESC, conc.head_available_at, conc.head_id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF conc SKIP LOCKED
+    ) AS conc
+),
+key_jobs AS (
+    -- pgq_job_conc_pending: the key's ready jobs in claim order, as many as it has free
+    -- slots. A job claimed a moment ago by another worker is skipped on recheck.
+    SELECT open_keys.queue, open_keys.queue_limit, open_keys.turn, candidate.id,
+        candidate.priority, candidate.available_at
+    FROM open_keys
+    CROSS JOIN LATERAL (
+        SELECT job.id, job.priority, job.available_at
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.concurrency_key = open_keys.concurrency_key
+          AND job.queue = open_keys.queue
+          -- COALESCE hides the readiness check from index matching, as in
+          -- partition_heads: pgq_job_pending would otherwise tempt a generic plan.
+          AND COALESCE(job.available_at, now()) <= now()
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT LEAST(open_keys.free, open_keys.queue_limit)
+        FOR UPDATE OF job SKIP LOCKED
+    ) AS candidate
+),
 picked AS (
-    -- Both branches may lock queue_limit rows of a queue; keep the best queue_limit of
+    -- All branches may lock queue_limit rows of a queue; keep the best queue_limit of
     -- each, then the first total_limit by (rank within its queue, turn). The others stay
     -- locked only until this statement's transaction ends.
     SELECT ranked.id
@@ -127,6 +191,8 @@ picked AS (
             SELECT * FROM unpartitioned
             UNION ALL
             SELECT * FROM partition_heads
+            UNION ALL
+            SELECT * FROM key_jobs
         ) AS candidates
     ) AS ranked
     WHERE ranked.rank <= ranked.queue_limit
@@ -150,7 +216,7 @@ claimed AS (
         job.max_attempts, job.lease_generation, job.step, job.partition_key,
         job.idempotency_key, job.created_at, job.available_at, job.claimed_at,
         job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers,
-        job.unknown_task_since, job.traceparent
+        job.unknown_task_since, job.traceparent, job.concurrency_key
 ),
 running AS (
     -- The partition rows were locked by idle_partitions above.
@@ -160,19 +226,62 @@ running AS (
     FROM claimed
     WHERE part.partition_key = claimed.partition_key
     RETURNING part.partition_key
+),
+taken AS (
+    SELECT claimed.concurrency_key, count(*) AS claimed, array_agg(claimed.id) AS ids
+    FROM claimed
+    WHERE claimed.concurrency_key IS NOT NULL
+    GROUP BY claimed.concurrency_key
+),
+counted AS (
+    -- The key rows were locked by open_keys above. The next job is what this snapshot
+    -- shows besides the jobs just taken (pgq_job_conc_pending); a stale guess can cost
+    -- a claim a probe but never a slot: in_flight is exact, and the jobs taken here
+    -- refresh the row when they finish.
+    UPDATE django_pgqueue_concurrency AS conc
+    SET in_flight = conc.in_flight + taken.claimed,
+        -- Spend one token per start. The clock never moves back (a claim that began
+        -- before another's commit must not count that refill twice).
+        tokens = LEAST(
+            conc.rate_limit::double precision,
+            conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                * conc.rate_limit / conc.rate_period
+        ) - taken.claimed,
+        tokens_at = GREATEST(conc.tokens_at, now()),
+        head_id = next_job.id,
+        head_priority = next_job.priority,
+        head_available_at = next_job.available_at,
+        refreshed_at = now()
+    FROM taken
+    LEFT JOIN LATERAL (
+        SELECT job.id, job.priority, job.available_at
+        FROM django_pgqueue_job AS job
+        WHERE job.status = 'pending'
+          AND job.concurrency_key = taken.concurrency_key
+          AND COALESCE(job.available_at, now()) <= now()
+          AND job.id <> ALL (taken.ids)
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT 1
+    ) AS next_job ON true
+    WHERE conc.concurrency_key = taken.concurrency_key
+    RETURNING conc.concurrency_key
 )
-SELECT claimed.*, (SELECT count(*) FROM running) AS partitions_started, false AS signalled
+SELECT claimed.*, (SELECT count(*) FROM running) + (SELECT count(*) FROM counted)
+    AS partitions_started, false AS signalled
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM running),
+    NULL, NULL, NULL, NULL, NULL, NULL,
+    (SELECT count(*) FROM running) + (SELECT count(*) FROM counted),
     EXISTS (SELECT 1 FROM django_pgqueue_partition_signal)
+    OR EXISTS (SELECT 1 FROM django_pgqueue_concurrency_signal)
 
 
 -- name: fold_partition_signals
--- Bring the partitions that producers and operators signalled up to date, at most
--- batch_size signals at a time; returns how many partitions were refreshed. Its own
--- short transaction: it waits only on other refreshes of the same partitions.
+-- Bring the partitions and concurrency keys that producers and operators signalled up
+-- to date, at most batch_size signals of each at a time; returns how many were
+-- refreshed. Its own short transaction: it waits only on other refreshes of the same
+-- rows (partitions first, then keys, as every statement takes them).
 WITH taken AS (
     DELETE FROM django_pgqueue_partition_signal AS signal
     WHERE signal.id = ANY (ARRAY(
@@ -183,9 +292,27 @@ WITH taken AS (
         FOR UPDATE SKIP LOCKED
     ))
     RETURNING signal.partition_key
+),
+taken_keys AS (
+    DELETE FROM django_pgqueue_concurrency_signal AS signal
+    WHERE signal.id = ANY (ARRAY(
+        SELECT pending.id
+        FROM django_pgqueue_concurrency_signal AS pending
+        ORDER BY pending.id
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING signal.concurrency_key
+),
+partitions AS (
+    SELECT django_pgqueue_refresh_partitions(ARRAY(SELECT taken.partition_key FROM taken))
+        AS refreshed
 )
-SELECT django_pgqueue_refresh_partitions(ARRAY(SELECT taken.partition_key FROM taken))
-    AS refreshed
+SELECT partitions.refreshed + django_pgqueue_refresh_concurrency(
+    -- No channel: the producer that signalled woke the queue itself.
+    ARRAY(SELECT taken_keys.concurrency_key FROM taken_keys), NULL
+) AS refreshed
+FROM partitions
 
 
 -- name: complete_if_leased
@@ -202,10 +329,13 @@ WITH completed AS (
       AND lease_generation = %(lease_generation)s
       AND claimed_by = %(worker_id)s
       AND status = 'processing'
-    RETURNING id, finished_at, partition_key
+    RETURNING id, finished_at, partition_key, concurrency_key
 )
 SELECT completed.id, completed.finished_at,
-    django_pgqueue_refresh_partitions(ARRAY[completed.partition_key]) AS partitions
+    django_pgqueue_refresh_partitions(ARRAY[completed.partition_key]) AS partitions,
+    CASE WHEN completed.concurrency_key IS NOT NULL THEN
+        django_pgqueue_refresh_concurrency(ARRAY[completed.concurrency_key], %(channel)s)
+    END AS keys
 FROM completed
 
 
@@ -243,16 +373,29 @@ completed AS (
       AND job.lease_generation = done.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-    RETURNING job.id, job.partition_key
+    RETURNING job.id, job.partition_key, job.concurrency_key
 ),
 refreshed AS (
     SELECT django_pgqueue_refresh_partitions(ARRAY(
         SELECT completed.partition_key FROM completed WHERE completed.partition_key IS NOT NULL
     )) AS partitions
+),
+recounted AS (
+    -- After the partitions (lock order); skipped when no job had a key.
+    SELECT django_pgqueue_refresh_concurrency(keys.keys, %(channel)s) AS keys
+    FROM refreshed
+    CROSS JOIN (
+        SELECT ARRAY(
+            SELECT completed.concurrency_key FROM completed
+            WHERE completed.concurrency_key IS NOT NULL
+        ) AS keys
+    ) AS keys
+    WHERE cardinality(keys.keys) > 0
 )
 SELECT completed.id
 FROM completed
 CROSS JOIN refreshed
+LEFT JOIN recounted ON true
 
 
 -- name: fail_if_leased
@@ -297,10 +440,13 @@ WITH failed AS (
       AND job.claimed_by = %(worker_id)s::text
       AND job.status = 'processing'
     RETURNING job.id, job.status, job.available_at, job.attempts, job.max_attempts,
-        job.partition_key
+        job.partition_key, job.concurrency_key
 )
 SELECT failed.id, failed.status, failed.available_at, failed.attempts, failed.max_attempts,
-    django_pgqueue_refresh_partitions(ARRAY[failed.partition_key]) AS partitions
+    django_pgqueue_refresh_partitions(ARRAY[failed.partition_key]) AS partitions,
+    CASE WHEN failed.concurrency_key IS NOT NULL THEN
+        django_pgqueue_refresh_concurrency(ARRAY[failed.concurrency_key], %(channel)s)
+    END AS keys
 FROM failed
 
 
@@ -380,7 +526,7 @@ WITH released AS (
       AND lease_generation = %(lease_generation)s
       AND claimed_by = %(worker_id)s
       AND status = 'processing'
-    RETURNING id, queue, available_at, partition_key
+    RETURNING id, queue, available_at, partition_key, concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, released.queue)
@@ -388,7 +534,10 @@ woken AS (
     WHERE released.available_at <= now()
 )
 SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notified,
-    django_pgqueue_refresh_partitions(ARRAY[released.partition_key]) AS partitions
+    django_pgqueue_refresh_partitions(ARRAY[released.partition_key]) AS partitions,
+    CASE WHEN released.concurrency_key IS NOT NULL THEN
+        django_pgqueue_refresh_concurrency(ARRAY[released.concurrency_key], %(channel)s)
+    END AS keys
 FROM released
 
 
@@ -423,7 +572,7 @@ released AS (
       AND job.lease_generation = held.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-    RETURNING job.id, job.queue, job.partition_key
+    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -433,10 +582,22 @@ refreshed AS (
     SELECT django_pgqueue_refresh_partitions(ARRAY(
         SELECT released.partition_key FROM released WHERE released.partition_key IS NOT NULL
     )) AS partitions
+),
+recounted AS (
+    SELECT django_pgqueue_refresh_concurrency(keys.keys, %(channel)s) AS keys
+    FROM refreshed
+    CROSS JOIN (
+        SELECT ARRAY(
+            SELECT released.concurrency_key FROM released
+            WHERE released.concurrency_key IS NOT NULL
+        ) AS keys
+    ) AS keys
+    WHERE cardinality(keys.keys) > 0
 )
 SELECT released.id, (SELECT count(*) FROM woken) AS notified
 FROM released
 CROSS JOIN refreshed
+LEFT JOIN recounted ON true
 
 
 -- name: set_step_if_leased

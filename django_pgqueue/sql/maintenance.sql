@@ -58,7 +58,7 @@ reaped AS (
     WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
       AND job.status = 'processing'
       AND job.lease_expires_at < now()
-    RETURNING job.id, job.status, job.queue, job.partition_key
+    RETURNING job.id, job.status, job.queue, job.partition_key, job.concurrency_key
 ),
 told AS (
     SELECT pg_notify(%(lease_channel)s, json_build_object(
@@ -69,14 +69,28 @@ told AS (
     )::text)
     FROM expired
     JOIN reaped ON reaped.id = expired.id
-)
-SELECT reaped.id, reaped.status, reaped.queue
-FROM reaped
-CROSS JOIN (
+),
+refreshed AS (
     SELECT django_pgqueue_refresh_partitions(ARRAY(
         SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
     )) AS partitions
-) AS refreshed
+),
+recounted AS (
+    -- Slots held by a dead worker's jobs come back here (after the partitions: lock
+    -- order). No channel: the reaped jobs' queues are woken by the caller.
+    SELECT django_pgqueue_refresh_concurrency(keys.keys, NULL) AS keys
+    FROM refreshed
+    CROSS JOIN (
+        SELECT ARRAY(
+            SELECT reaped.concurrency_key FROM reaped WHERE reaped.concurrency_key IS NOT NULL
+        ) AS keys
+    ) AS keys
+    WHERE cardinality(keys.keys) > 0
+)
+SELECT reaped.id, reaped.status, reaped.queue
+FROM reaped
+CROSS JOIN refreshed
+LEFT JOIN recounted ON true
 CROSS JOIN (SELECT count(*) AS notices FROM told) AS notified
 
 
@@ -275,3 +289,28 @@ WHERE minute < now() - make_interval(secs => %(retention_seconds)s)
 -- migrations were never applied to this database. Uses no index: to_regclass reads the
 -- catalog.
 SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
+
+
+-- name: prune_idle_concurrency_keys
+-- Forget concurrency keys with no job left whose rate bucket is full again (a key with a
+-- rate limit keeps its row while the bucket refills, so a new job cannot get a fresh,
+-- full bucket early). A full bucket is what a new row starts with, so nothing is lost.
+-- Rows being refreshed or claimed right now are skipped (SKIP LOCKED); the small table
+-- is read in full.
+DELETE FROM django_pgqueue_concurrency AS conc
+WHERE conc.concurrency_key IN (
+    SELECT idle.concurrency_key
+    FROM django_pgqueue_concurrency AS idle
+    WHERE idle.head_id IS NULL
+      AND idle.in_flight = 0
+      AND (
+          idle.rate_limit IS NULL
+          OR idle.tokens + GREATEST(extract(epoch FROM now() - idle.tokens_at), 0)
+              * idle.rate_limit / idle.rate_period >= idle.rate_limit
+      )
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+  AND conc.head_id IS NULL
+  AND conc.in_flight = 0
+RETURNING conc.concurrency_key

@@ -34,7 +34,7 @@ retried AS (
         unknown_task_since = NULL
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status IN ('dead_letter', 'cancelled')
-    RETURNING job.id, job.queue, job.partition_key
+    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -43,6 +43,11 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT retried.partition_key FROM retried WHERE retried.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT retried.concurrency_key FROM retried
+    WHERE retried.concurrency_key IS NOT NULL
 )
 SELECT retried.id, (SELECT count(*) FROM woken) AS notified
 FROM retried
@@ -68,7 +73,7 @@ readied AS (
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'pending'
       AND COALESCE(job.available_at, now()) > now()
-    RETURNING job.id, job.queue, job.partition_key
+    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -77,6 +82,11 @@ woken AS (
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
     SELECT DISTINCT readied.partition_key FROM readied WHERE readied.partition_key IS NOT NULL
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT readied.concurrency_key FROM readied
+    WHERE readied.concurrency_key IS NOT NULL
 )
 SELECT readied.id, (SELECT count(*) FROM woken) AS notified
 FROM readied
@@ -110,12 +120,12 @@ cancelled AS (
         last_error = COALESCE(%(reason)s, job.last_error)
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status IN ('pending', 'blocked', 'processing')
-    RETURNING job.id, job.queue, job.partition_key
+    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
 ),
 stopped AS (
     -- The running ones, with the lease their worker held.
     SELECT target.id, target.claimed_by, target.lease_generation, cancelled.queue,
-        cancelled.partition_key
+        cancelled.partition_key, cancelled.concurrency_key
     FROM target
     JOIN cancelled ON cancelled.id = target.id
     WHERE target.status = 'processing'
@@ -130,11 +140,13 @@ told AS (
     FROM stopped
 ),
 woken AS (
-    -- A running partitioned job held its partition: wake the queue's workers, whose next
-    -- claim folds the signal below and starts the partition's next job.
+    -- A running partitioned or limited job held its partition or a slot of its key: wake
+    -- the queue's workers, whose next claim folds the signals below and starts the next job.
     SELECT pg_notify(%(channel)s, freed.queue)
-    FROM (SELECT DISTINCT stopped.queue FROM stopped WHERE stopped.partition_key IS NOT NULL)
-        AS freed
+    FROM (
+        SELECT DISTINCT stopped.queue FROM stopped
+        WHERE stopped.partition_key IS NOT NULL OR stopped.concurrency_key IS NOT NULL
+    ) AS freed
 ),
 signalled AS (
     INSERT INTO django_pgqueue_partition_signal (partition_key)
@@ -148,6 +160,11 @@ busy AS (
     WHERE job.id = ANY (%(job_ids)s::bigint[])
       AND job.status IN ('pending', 'blocked', 'processing')
       AND job.id <> ALL (ARRAY(SELECT target.id FROM target))
+),
+signalled_keys AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT cancelled.concurrency_key FROM cancelled
+    WHERE cancelled.concurrency_key IS NOT NULL
 )
 SELECT cancelled.id, true AS cancelled,
     (SELECT count(*) FROM told) + (SELECT count(*) FROM woken) AS notified

@@ -98,6 +98,7 @@ def run_pass(
         lambda store: store.prune_dead_workers(retention_seconds=DEAD_WORKER_RETENTION_SECONDS),
     )
     _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
+    _step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
     repaired = 0
     if repair is not None:
         _, fixed = _step(slot, repair.run)

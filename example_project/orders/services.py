@@ -21,6 +21,7 @@ from orders.models import Customer, Order, Product, Statement
 from orders.tasks import (
     INVOICE_LINES,
     apply_loyalty_points,
+    buy_shipping_label,
     create_invoice,
     deliver_statement,
     notify_warehouse,
@@ -124,6 +125,7 @@ FOLLOW_UP_TASKS = {
     "analytics": record_analytics_event,
     "review": request_review,
     "invoice_pdf": render_invoice_pdf,
+    "label": buy_shipping_label,
 }
 
 
@@ -148,6 +150,8 @@ def _queue_follow_ups(order: Order) -> dict[str, str]:
             partition_key=f"customer:{order.customer_id}", idempotency_key=f"loyalty:{pk}"
         ).enqueue(pk),
         "warehouse": notify_warehouse.using(idempotency_key=f"warehouse:{pk}").enqueue(pk),
+        # The carrier allows 5 label requests a second, shop-wide: the task's rate limit.
+        "label": buy_shipping_label.using(idempotency_key=f"label:{pk}").enqueue(pk),
         "analytics": record_analytics_event.using(idempotency_key=f"analytics:{pk}").enqueue(
             "order_placed", pk
         ),

@@ -7,6 +7,9 @@ partition keys, ``run_after``) are set where the job is enqueued, in ``services.
 - ``create_invoice``, ``apply_loyalty_points``: ``atomic=True``, their writes commit
   together with the job's completion; loyalty points also run in per-customer order.
 - ``notify_warehouse``: retries with backoff while a warehouse is down, then dead-letters.
+- ``buy_shipping_label``: calls a shipping-label API that allows 5 requests a second
+  for the whole shop: ``rate_limit="5/s"`` holds across every worker (see the admin's
+  Flow control page).
 - ``deliver_statement``: a multi-step job that resumes after its last finished step.
 - ``record_analytics_event``: an async task.
 - ``request_review``, ``compile_daily_sales``: scheduled with ``run_after``.
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -202,6 +206,18 @@ def notify_warehouse(context: JobContext, order_id: int) -> str:
         )
     Order.objects.filter(pk=order.pk).update(warehouse_notified_at=timezone.now())
     return warehouse.name
+
+
+@task(rate_limit="5/s", max_attempts=6)
+def buy_shipping_label(order_id: int) -> str:
+    """Buy the order's shipping label from the carrier; return its tracking number.
+
+    The carrier's API allows 5 requests a second for the whole account. The rate limit
+    is enforced by the claim, across every worker process: jobs beyond it wait pending
+    (holding no worker thread) until the next token, and the admin's job page says so.
+    """
+    time.sleep(0.05)  # stands in for the HTTP request to the carrier
+    return f"LBL{order_id:08d}"
 
 
 @task
