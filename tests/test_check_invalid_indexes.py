@@ -44,10 +44,13 @@ def _w002():
 
 def test_the_tables_come_from_the_app_models():
     assert sorted(queue_tables()) == [
+        "django_pgqueue_concurrency",
+        "django_pgqueue_concurrency_signal",
         "django_pgqueue_dependency",
         "django_pgqueue_job",
         "django_pgqueue_partition",
         "django_pgqueue_partition_signal",
+        "django_pgqueue_queue_pause",
         "django_pgqueue_queuestat",
         "django_pgqueue_schedule",
         "django_pgqueue_worker",
