@@ -210,6 +210,10 @@ def test_the_coalescing_lookups_use_their_partial_index(observer):
             "traceparent": None,
             "coalesce_key": "reindex:42",
             "debounce_seconds": None,
+            "concurrency_key": None,
+            "concurrency_limit": None,
+            "rate_limit": None,
+            "rate_period": None,
         }
         plan = "\n".join(row[0] for row in observer.execute("EXPLAIN " + insert, values))
     assert "Conflict Arbiter Indexes: pgq_job_coalesce_key" in plan

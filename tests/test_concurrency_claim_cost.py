@@ -85,7 +85,9 @@ def _claim_cost(conn) -> tuple[int, int, set[str]]:
 
 
 def _fill(conn, *, rows: int, keys: int) -> None:
-    conn.execute("TRUNCATE django_pgqueue_job, django_pgqueue_concurrency")
+    conn.execute(
+        "TRUNCATE django_pgqueue_job, django_pgqueue_dependency, django_pgqueue_concurrency"
+    )
     conn.execute(FILL, {"rows": rows, "keys": keys})
     conn.execute(BLOCK, {"open_keys": OPEN_KEYS})
     conn.execute(REFRESH)
