@@ -148,11 +148,18 @@ class EmbeddedPostgres:
             self._pg_ctl(["stop", "-w", "-t", str(int(timeout)), "-m", mode])
 
     def restart(self, mode: str = "fast", *, timeout: float = 60.0) -> None:
-        """Restart the server; ``immediate`` skips the shutdown checkpoint (crash recovery)."""
+        """Restart the server; ``immediate`` skips the shutdown checkpoint (crash recovery).
+
+        A shutdown that outlasts ``timeout`` (a backend that will not leave, say) ends
+        with SIGKILL, as an operator would: the server is running again when this returns,
+        or the error says why it could not start.
+        """
         with self._locked():
-            self._pg_ctl(
-                ["restart", "-w", "-t", str(int(timeout)), "-m", mode, "-l", str(self.logfile)]
-            )
+            try:
+                self._pg_ctl(["stop", "-w", "-t", str(int(timeout)), "-m", mode])
+            except EmbeddedPostgresError:
+                self._kill_and_wait(timeout)
+            self._start_retrying(timeout)
             self._wait_ready(timeout)
 
     def kill(self) -> None:
@@ -162,6 +169,31 @@ class EmbeddedPostgres:
             os.kill(pid, signal.SIGKILL)
 
     # ------------------------------------------------------------------ internals
+    def _kill_and_wait(self, timeout: float) -> None:
+        pid = self.postmaster_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while self.postmaster_pid() is not None:
+            if time.monotonic() > deadline:
+                raise EmbeddedPostgresError(f"server in {self.datadir} did not stop after SIGKILL")
+            time.sleep(0.05)
+
+    def _start_retrying(self, timeout: float) -> None:
+        # After a SIGKILL the old backends leave only when they notice the postmaster is
+        # gone, and a start refuses to run while they still hold the shared memory.
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._pg_ctl(["start", "-w", "-t", str(int(timeout)), "-l", str(self.logfile)])
+                return
+            except EmbeddedPostgresError:
+                if self.is_running():
+                    return
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
     def _major_version(self) -> int:
         output = subprocess.run(
             [str(self.bindir / "postgres"), "--version"],

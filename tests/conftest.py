@@ -7,6 +7,7 @@ the tables after each of them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,13 +19,31 @@ from psycopg.conninfo import make_conninfo
 from django_pgqueue.embedded import with_dbname
 from django_pgqueue.manager import PsycopgRunner, QueueStore
 from django_pgqueue.pgconn import connect
-from tests.database import ensure_server
+from tests.database import embedded_server, ensure_server
 from tests.workers import WorkerProcess
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Start the embedded server (unless DATABASE_URL is set) before any test connects."""
     ensure_server()
+
+
+@pytest.fixture(autouse=True)
+def _server_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that restarts the suite's own server, make sure it runs again.
+
+    Such a test fails on its own when a restart goes wrong; without this, every test
+    after it would fail too and hide which one broke the server.
+    """
+    yield
+    restarts_ours = request.node.get_closest_marker("server_control") or (
+        request.node.get_closest_marker("soak") and not os.environ.get("DATABASE_URL")
+    )
+    if restarts_ours:
+        server = embedded_server()
+        if not server.is_running():
+            server.start()
+            pytest.fail(f"{request.node.nodeid} left the embedded PostgreSQL stopped; restarted it")
 
 
 @pytest.fixture
