@@ -387,6 +387,11 @@ class ScheduleDefinition:
     downtime: str
     catch_up: int
     timing: str
+    #: The fired jobs' flow limits (see :func:`django_pgqueue.flow.resolve_limits`).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

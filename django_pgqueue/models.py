@@ -698,6 +698,20 @@ class Schedule(models.Model):
     timezone = models.CharField(_("timezone"), max_length=64)
     downtime = models.CharField(_("after downtime"), max_length=16)
     catch_up = models.SmallIntegerField(_("catch up at most"))
+    # The task's flow limits, resolved when the schedule is synced (as enqueue resolves
+    # them), so every fire and "run now" carries them without importing the task.
+    concurrency_key = models.CharField(  # noqa: DJ001
+        _("concurrency key"),
+        max_length=KEY_MAX_LENGTH,
+        null=True,
+        blank=True,
+        db_comment="The fired jobs' concurrency key (from the task or settings).",
+    )
+    concurrency_limit = models.IntegerField(_("concurrency limit"), null=True, blank=True)
+    rate_limit = models.IntegerField(_("rate limit"), null=True, blank=True)
+    rate_period = models.FloatField(
+        _("rate period"), null=True, blank=True, db_comment="Seconds of the rate limit's period."
+    )
     timing = models.CharField(
         max_length=32,
         db_comment="Fingerprint of expression and timezone: a change moves next_fire_at.",

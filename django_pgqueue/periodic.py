@@ -31,6 +31,7 @@ from .cadence import Cadence, CadenceError, parse_cadence, zone
 
 if TYPE_CHECKING:
     from .compat import Task
+    from .flow import FlowLimits
 
 __all__ = [
     "DOWNTIME_POLICIES",
@@ -385,6 +386,31 @@ def plan_fires(
         if now - newest > min(LATE_AFTER, period / 2):
             fires = []
     return FirePlan(tuple(fires), cadence.next_after(now, timezone))
+
+
+def task_limits(schedule: PeriodicSchedule, queue: str) -> FlowLimits:
+    """Return the flow limits the jobs of ``schedule`` get, as an enqueue would give them.
+
+    The task's ``concurrency_key``, ``concurrency_limit`` and ``rate_limit``, else the
+    ``task:`` and ``queue:`` entries of the settings. Raises
+    :class:`~django_pgqueue.exceptions.UnknownTask` or
+    :class:`~django_pgqueue.exceptions.InvalidOption`.
+    """
+    from .backend import resolve_task
+    from .conf import conf
+    from .flow import resolve_limits
+
+    task = resolve_task(schedule.task_path)
+    return resolve_limits(
+        schedule.task_path,
+        queue,
+        cast("str | None", getattr(task, "concurrency_key", None)),
+        cast("int | None", getattr(task, "concurrency_limit", None)),
+        cast("str | None", getattr(task, "rate_limit", None)),
+        partition_key=None,
+        concurrency_limits=conf.CONCURRENCY_LIMITS,
+        rate_limits=conf.RATE_LIMITS,
+    )
 
 
 def task_defaults(schedule: PeriodicSchedule) -> tuple[str, int, int | None]:

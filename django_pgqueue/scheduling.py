@@ -14,9 +14,16 @@ from datetime import datetime
 
 from .cadence import CadenceError, parse_cadence, zone
 from .conf import conf
-from .exceptions import InvalidSchedule, UnknownTask
+from .exceptions import InvalidOption, InvalidSchedule, UnknownTask
 from .manager import DueSchedule, QueueStore, ScheduleDefinition
-from .periodic import PeriodicSchedule, fire_key, plan_fires, run_now_key, task_defaults
+from .periodic import (
+    PeriodicSchedule,
+    fire_key,
+    plan_fires,
+    run_now_key,
+    task_defaults,
+    task_limits,
+)
 
 __all__ = [
     "FireReport",
@@ -67,6 +74,10 @@ def definition_of(schedule: PeriodicSchedule) -> ScheduleDefinition:
         queue, priority, max_attempts = task_defaults(schedule)
     except UnknownTask as error:
         raise InvalidSchedule(schedule.name, "task", str(error)) from error
+    try:
+        limits = task_limits(schedule, queue)
+    except InvalidOption as error:
+        raise InvalidSchedule(schedule.name, "limits", str(error)) from error
     cadence = schedule.cadence
     return ScheduleDefinition(
         name=schedule.name,
@@ -82,6 +93,10 @@ def definition_of(schedule: PeriodicSchedule) -> ScheduleDefinition:
         downtime=schedule.downtime,
         catch_up=schedule.catch_up_limit,
         timing=schedule.timing(),
+        concurrency_key=limits.key,
+        concurrency_limit=limits.concurrency,
+        rate_limit=None if limits.rate is None else limits.rate.limit,
+        rate_period=None if limits.rate is None else limits.rate.period,
     )
 
 

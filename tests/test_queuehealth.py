@@ -85,7 +85,7 @@ def test_readiness_fails_with_a_migration_missing():
         env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
         # Every table there, the newest migration not recorded as applied (a deploy whose
         # migrate step has not run yet, once the tables of earlier releases exist).
-        for args in (["django_pgqueue"], ["django_pgqueue", "0010", "--fake"]):
+        for args in (["django_pgqueue"], ["django_pgqueue", "0011", "--fake"]):
             subprocess.run(
                 [sys.executable, "-m", "tests.manage", "migrate", "-v0", *args],
                 cwd=REPO,
@@ -94,7 +94,7 @@ def test_readiness_fails_with_a_migration_missing():
                 timeout=90,
             )
         line = _one_failure_line(probe(url, "--readiness"), "readiness")
-    assert "has unapplied django_pgqueue migrations (0011_flow_limits" in line
+    assert "has unapplied django_pgqueue migrations (0012_schedule_limits" in line
 
 
 def test_liveness_follows_a_real_worker(workers, db_url, observer):

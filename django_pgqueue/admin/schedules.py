@@ -91,13 +91,14 @@ class ScheduleAdmin(_ModelAdmin):
         "timezone",
         "downtime",
         "catch_up",
+        "limits",
         "next_fire_at",
         "last_fire_at",
         "paused_at",
         "created_at",
         "updated_at",
     )
-    exclude = ("timing",)
+    exclude = ("timing", "concurrency_key", "concurrency_limit", "rate_limit", "rate_period")
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}
@@ -116,6 +117,21 @@ class ScheduleAdmin(_ModelAdmin):
         return obj is None and super().has_change_permission(request)
 
     # ------------------------------------------------------------------ columns
+    @admin.display(description=_("limits"))
+    def limits(self, obj: Schedule) -> str:
+        """Return the fired jobs' concurrency key and limits, or a dash."""
+        if obj.concurrency_key is None:
+            return "—"
+        parts = [obj.concurrency_key]
+        if obj.concurrency_limit is not None:
+            parts.append(_("at most %(limit)d in flight") % {"limit": obj.concurrency_limit})
+        if obj.rate_limit is not None and obj.rate_period is not None:
+            parts.append(
+                _("at most %(limit)d starts per %(period)gs")
+                % {"limit": obj.rate_limit, "period": obj.rate_period}
+            )
+        return " · ".join(parts)
+
     @admin.display(description=_("next fire"), ordering="next_fire_at")
     def next_fire(self, obj: Schedule) -> SafeString:
         """Return the next fire time with how far away it is."""

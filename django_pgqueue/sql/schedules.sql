@@ -29,13 +29,14 @@ SELECT statement_timestamp() AS database_now
 -- was added or changed; added is true for a new row (xmax is 0 for a fresh insert).
 INSERT INTO django_pgqueue_schedule AS schedule (
     name, task_path, queue, priority, max_attempts, args, kwargs, expression, description,
-    timezone, downtime, catch_up, timing, next_fire_at, last_fire_at, paused_at,
-    created_at, updated_at
+    timezone, downtime, catch_up, concurrency_key, concurrency_limit, rate_limit, rate_period,
+    timing, next_fire_at, last_fire_at, paused_at, created_at, updated_at
 )
 VALUES (
     %(schedule_name)s, %(task_path)s, %(queue)s, %(priority)s, %(max_attempts)s, %(args)s::jsonb,
     %(kwargs)s::jsonb, %(expression)s, %(description)s, %(timezone)s, %(downtime)s,
-    %(catch_up)s, %(timing)s, %(next_fire_at)s, NULL, NULL, now(), now()
+    %(catch_up)s, %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s,
+    %(timing)s, %(next_fire_at)s, NULL, NULL, now(), now()
 )
 ON CONFLICT (name) DO UPDATE SET
     task_path = EXCLUDED.task_path,
@@ -49,6 +50,10 @@ ON CONFLICT (name) DO UPDATE SET
     timezone = EXCLUDED.timezone,
     downtime = EXCLUDED.downtime,
     catch_up = EXCLUDED.catch_up,
+    concurrency_key = EXCLUDED.concurrency_key,
+    concurrency_limit = EXCLUDED.concurrency_limit,
+    rate_limit = EXCLUDED.rate_limit,
+    rate_period = EXCLUDED.rate_period,
     timing = EXCLUDED.timing,
     next_fire_at = CASE
         WHEN schedule.timing = EXCLUDED.timing THEN schedule.next_fire_at
@@ -58,11 +63,13 @@ ON CONFLICT (name) DO UPDATE SET
 WHERE (
     schedule.task_path, schedule.queue, schedule.priority, schedule.max_attempts,
     schedule.args, schedule.kwargs, schedule.expression, schedule.description,
-    schedule.timezone, schedule.downtime, schedule.catch_up, schedule.timing
+    schedule.timezone, schedule.downtime, schedule.catch_up, schedule.concurrency_key,
+    schedule.concurrency_limit, schedule.rate_limit, schedule.rate_period, schedule.timing
 ) IS DISTINCT FROM (
     EXCLUDED.task_path, EXCLUDED.queue, EXCLUDED.priority, EXCLUDED.max_attempts,
     EXCLUDED.args, EXCLUDED.kwargs, EXCLUDED.expression, EXCLUDED.description,
-    EXCLUDED.timezone, EXCLUDED.downtime, EXCLUDED.catch_up, EXCLUDED.timing
+    EXCLUDED.timezone, EXCLUDED.downtime, EXCLUDED.catch_up, EXCLUDED.concurrency_key,
+    EXCLUDED.concurrency_limit, EXCLUDED.rate_limit, EXCLUDED.rate_period, EXCLUDED.timing
 )
 RETURNING schedule.name, (schedule.xmax = 0) AS added
 
@@ -91,7 +98,9 @@ LIMIT %(limit)s
 -- Advance one schedule from the next_fire_at the caller planned from (the fence) and
 -- insert a job per planned fire time, in one statement. A worker that lost the race
 -- (the row moved on, was paused, or its timing changed) inserts nothing. ON CONFLICT
--- uses pgq_job_idempotency_key: a fire time that already has its job keeps it.
+-- uses pgq_job_idempotency_key: a fire time that already has its job keeps it. The jobs
+-- carry the schedule's flow limits and, like every enqueue of a limited job, leave a
+-- concurrency signal so the claim folds their key in.
 WITH advanced AS (
     UPDATE django_pgqueue_schedule AS schedule
     SET next_fire_at = %(next_fire_at)s,
@@ -101,22 +110,31 @@ WITH advanced AS (
       AND schedule.timing = %(timing)s
       AND schedule.paused_at IS NULL
     RETURNING schedule.queue, schedule.task_path, schedule.args, schedule.kwargs,
-        schedule.priority, schedule.max_attempts
+        schedule.priority, schedule.max_attempts, schedule.concurrency_key,
+        schedule.concurrency_limit, schedule.rate_limit, schedule.rate_period
 ),
 inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket
+        partition_key, partition_bucket, concurrency_key, concurrency_limit, rate_limit,
+        rate_period
     )
     SELECT advanced.queue, advanced.task_path, advanced.args, advanced.kwargs,
         advanced.priority, 'pending', 0, advanced.max_attempts, 0, now(), now(),
-        '[]'::jsonb, fire.key, NULL, NULL
+        '[]'::jsonb, fire.key, NULL, NULL, advanced.concurrency_key,
+        advanced.concurrency_limit, advanced.rate_limit, advanced.rate_period
     FROM advanced
     CROSS JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS fire (key, position)
     ORDER BY fire.position
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue
+    RETURNING id, queue, concurrency_key
+),
+signalled AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT inserted.concurrency_key FROM inserted
+    WHERE inserted.concurrency_key IS NOT NULL
+    RETURNING concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
@@ -124,7 +142,8 @@ woken AS (
 )
 SELECT (SELECT count(*) FROM advanced) AS advanced,
     (SELECT count(*) FROM inserted) AS inserted,
-    (SELECT count(*) FROM woken) AS notified
+    (SELECT count(*) FROM woken) AS notified,
+    (SELECT count(*) FROM signalled) AS signalled
 
 
 -- name: pause_schedules
@@ -163,19 +182,27 @@ RETURNING schedule.name
 -- Insert one job of each named schedule now, outside its timetable; next_fire_at does
 -- not move. The key (pgqueue:schedule:<name>:run-now:<time the operator confirmed>)
 -- makes a resubmitted confirmation a no-op. ON CONFLICT uses pgq_job_idempotency_key.
+-- The jobs carry the schedule's flow limits, as fired ones do.
 WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
         lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket
+        partition_key, partition_bucket, concurrency_key, concurrency_limit, rate_limit,
+        rate_period
     )
     SELECT schedule.queue, schedule.task_path, schedule.args, schedule.kwargs,
         schedule.priority, 'pending', 0, schedule.max_attempts, 0, now(), now(),
-        '[]'::jsonb, wanted.key, NULL, NULL
+        '[]'::jsonb, wanted.key, NULL, NULL, schedule.concurrency_key,
+        schedule.concurrency_limit, schedule.rate_limit, schedule.rate_period
     FROM unnest(%(names)s::text[], %(keys)s::text[]) AS wanted (name, key)
     JOIN django_pgqueue_schedule AS schedule ON schedule.name = wanted.name
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, idempotency_key
+    RETURNING id, queue, idempotency_key, concurrency_key
+),
+signalled AS (
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
+    SELECT DISTINCT inserted.concurrency_key FROM inserted
+    WHERE inserted.concurrency_key IS NOT NULL
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
