@@ -290,6 +290,9 @@ class ClaimRound:
 
     jobs: list[ClaimedJob]
     folded: int = 0
+    #: A concurrency key of these queues had a job that could start: claim the next
+    #: round with ``plain=False``.
+    keys_open: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -947,6 +950,7 @@ class QueueStore:
         lease_seconds: float,
         bucket_masks: Sequence[str | None] | None = None,
         total_limit: int | None = None,
+        plain: bool = False,
     ) -> ClaimRound:
         """Claim like :meth:`claim`; say how many partitions were refreshed on the way.
 
@@ -956,6 +960,11 @@ class QueueStore:
         The fold waits only on other refreshes of the same partitions; the claim itself
         never waits on a partition row. If more signals were waiting than one fold takes,
         the claim says so: they are folded and the free capacity is claimed again.
+
+        ``plain`` (when the last round said ``keys_open`` was false) claims with the
+        statement that leaves concurrency keys out. If it finds a key that could start
+        a job after all, the free capacity is claimed again at once with the full one,
+        so a limited job waits at most one extra statement, never a round.
         """
         limits = [per_queue] * len(queues) if isinstance(per_queue, int) else list(per_queue)
         if len(limits) != len(queues):
@@ -964,7 +973,7 @@ class QueueStore:
             list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
         )
         total = sum(limits) if total_limit is None else total_limit
-        claimed, signalled, folded = self._claim_batch(
+        claimed, signalled, folded, keys_open = self._claim_batch(
             worker_id,
             queues,
             limits,
@@ -972,18 +981,21 @@ class QueueStore:
             total=total,
             lease_seconds=lease_seconds,
             fold_first=True,
+            plain=plain,
         )
-        if not signalled:
-            return ClaimRound(claimed, folded)
-        folded += self.fold_partition_signals()
+        again = plain and keys_open
+        if signalled:
+            folded_now = self.fold_partition_signals()
+            folded += folded_now
+            again = again or folded_now > 0
         got = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
         remaining = [
             max(0, limit - got[queue]) for queue, limit in zip(queues, limits, strict=True)
         ]
-        if folded and total > len(claimed) and any(remaining):
-            more, _, _ = self._claim_batch(
+        if again and total > len(claimed) and any(remaining):
+            more, _, _, keys_open = self._claim_batch(
                 worker_id,
                 queues,
                 remaining,
@@ -992,7 +1004,10 @@ class QueueStore:
                 lease_seconds=lease_seconds,
             )
             claimed.extend(more)
-        return ClaimRound(claimed, folded)
+        elif signalled:
+            # A fold may have opened a key this round's claim could not see.
+            keys_open = True
+        return ClaimRound(claimed, folded, keys_open)
 
     def _claim_batch(
         self,
@@ -1004,9 +1019,10 @@ class QueueStore:
         total: int,
         lease_seconds: float,
         fold_first: bool = False,
-    ) -> tuple[list[ClaimedJob], bool, int]:
+        plain: bool = False,
+    ) -> tuple[list[ClaimedJob], bool, int, bool]:
         claim = (
-            QUERIES["claim_batch"],
+            QUERIES["claim_batch_plain" if plain else "claim_batch"],
             {
                 "queues": list(queues),
                 "bucket_masks": masks,
@@ -1026,9 +1042,11 @@ class QueueStore:
         claimed = []
         loads = json.loads
         signalled = False
+        keys_open = True
         for row in result.rows:
-            if row[0] is None:  # the last row: are there partition signals to fold?
-                signalled = bool(row[-1])
+            if row[0] is None:  # the last row: signals to fold? keys that could start?
+                signalled = bool(row[-2])
+                keys_open = bool(row[-1])
                 continue
             claimed.append(
                 ClaimedJob(
@@ -1055,7 +1073,7 @@ class QueueStore:
                     concurrency_key=row[19],
                 )
             )
-        return claimed, signalled, folded
+        return claimed, signalled, folded, keys_open
 
     def fold_partition_signals(self, *, batch_size: int = FOLD_BATCH) -> int:
         """Refresh the partitions producers signalled; return how many were refreshed.

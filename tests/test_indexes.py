@@ -70,6 +70,14 @@ PARAMS: dict[str, dict[str, Any]] = {
         "lease_seconds": 30.0,
         "total_limit": 100,
     },
+    "claim_batch_plain": {
+        "queues": ["default", "emails"],
+        "bucket_masks": [None, "1" * 1024],
+        "queue_limits": [100, 50],
+        "worker_id": "w",
+        "lease_seconds": 30.0,
+        "total_limit": 100,
+    },
     "reap_expired": {"limit": 1000, "job_ids": None, "lease_channel": "l", **_RETRY},
     "prune_finished": {"retention_seconds": 3600.0, "limit": 1000},
     "prune_dead_letters": {"retention_seconds": 3600.0, "limit": 1000},
@@ -147,6 +155,13 @@ EXPECTED_INDEXES = {
         "pgq_job_part_processing",
         # Jobs under a concurrency limit: the key's ready jobs, and its next job.
         "pgq_job_conc_pending",
+        *PRIMARY_KEY,
+    },
+    # The same without the concurrency keys' branches.
+    "claim_batch_plain": {
+        "pgq_job_claim",
+        "pgq_job_part_pending",
+        "pgq_job_part_processing",
         *PRIMARY_KEY,
     },
     "partitions_out_of_date": {"pgq_job_part_pending", *PRIMARY_KEY},

@@ -16,6 +16,7 @@ MANAGER_SOURCE = Path(django_pgqueue.manager.__file__).read_text()
 #: Which transitions each status-changing statement performs.
 STATUS_WRITES = {
     "claim_batch": {Transition.CLAIM},
+    "claim_batch_plain": {Transition.CLAIM},
     "complete_if_leased": {Transition.COMPLETE},
     "complete_many_if_leased": {Transition.COMPLETE},
     "fail_if_leased": {Transition.RETRY_LATER, Transition.DEAD_LETTER},
@@ -89,3 +90,34 @@ def test_parser_rejects_duplicates_and_empty_blocks():
     assert parsed["one"].description == "Does one thing."
     assert parsed["one"].text == "SELECT %(x)s"
     assert parsed["one"].parameters == {"x"}
+
+
+def test_a_variant_is_its_statement_without_the_named_sections():
+    queries = parse(
+        "-- name: full\n-- Both.\n-- variant: lean without extra\nSELECT 1\n"
+        "-- begin extra\n, 2\n-- end extra\n, 3\n",
+        "t.sql",
+    )
+    assert queries["full"].text.splitlines() == [
+        "SELECT 1",
+        "-- begin extra",
+        ", 2",
+        "-- end extra",
+        ", 3",
+    ]
+    assert queries["full"].description == "Both."
+    assert queries["lean"].text.splitlines() == ["SELECT 1", ", 3"]
+    assert queries["lean"].description == "full without its extra sections."
+    for broken in ("-- begin extra\nSELECT 1\n", "SELECT 1\n-- end extra\n", "SELECT 1\n"):
+        with pytest.raises(ValueError, match="extra"):
+            parse(f"-- name: full\n-- variant: lean without extra\n{broken}", "t.sql")
+
+
+def test_the_plain_claim_is_the_claim_without_its_key_branches():
+    full, plain = QUERIES["claim_batch"].text, QUERIES["claim_batch_plain"].text
+    for part in ("open_keys", "key_jobs", "counted", "django_pgqueue_concurrency AS conc\n"):
+        assert part in full
+    for part in ("open_keys", "key_jobs", "taken", "counted"):
+        assert part not in plain
+    # Both end with the probe that tells the worker which one to send next.
+    assert plain.endswith(full[full.rindex("EXISTS (") :])

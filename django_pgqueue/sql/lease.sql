@@ -42,7 +42,14 @@
 -- rate limit also spends tokens of its bucket here (refilled at rate_limit per
 -- rate_period on the database clock, holding at most rate_limit): no token, no start.
 -- The last row has a NULL id and says whether producers left partition or concurrency
--- signals to fold (then the worker runs fold_partition_signals and claims again).
+-- signals to fold (then the worker runs fold_partition_signals and claims again), and
+-- whether a concurrency key of these queues has a job that could start (keys_open).
+-- While none has, the worker claims with claim_batch_plain: this statement without its
+-- key sections. Limited jobs are not in pgq_job_claim, so that one can never start a
+-- job past its limit; it leaves them to claim_batch, which the worker sends at once
+-- when keys_open turns true. Plain jobs then pay for limits only that probe of a small
+-- index.
+-- variant: claim_batch_plain without keys
 WITH wanted AS (
     SELECT *
     FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
@@ -124,6 +131,7 @@ partition_heads AS (
       ) IS NULL
     FOR UPDATE OF job SKIP LOCKED
 ),
+-- begin keys
 open_keys AS (
     -- pgq_concurrency_claim. Locked, the row is the newest version (rechecked against
     -- in_flight < max_in_flight), so two claims never both fill a key's free slots.
@@ -176,6 +184,7 @@ key_jobs AS (
         FOR UPDATE OF job SKIP LOCKED
     ) AS candidate
 ),
+-- end keys
 picked AS (
     -- All branches may lock queue_limit rows of a queue; keep the best queue_limit of
     -- each, then the first total_limit by (rank within its queue, turn). The others stay
@@ -191,8 +200,10 @@ picked AS (
             SELECT * FROM unpartitioned
             UNION ALL
             SELECT * FROM partition_heads
+            -- begin keys
             UNION ALL
             SELECT * FROM key_jobs
+            -- end keys
         ) AS candidates
     ) AS ranked
     WHERE ranked.rank <= ranked.queue_limit
@@ -218,15 +229,7 @@ claimed AS (
         job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers,
         job.unknown_task_since, job.traceparent, job.concurrency_key
 ),
-running AS (
-    -- The partition rows were locked by idle_partitions above.
-    UPDATE django_pgqueue_partition AS part
-    SET running_id = claimed.id,
-        refreshed_at = now()
-    FROM claimed
-    WHERE part.partition_key = claimed.partition_key
-    RETURNING part.partition_key
-),
+-- begin keys
 taken AS (
     SELECT claimed.concurrency_key, count(*) AS claimed, array_agg(claimed.id) AS ids
     FROM claimed
@@ -265,16 +268,41 @@ counted AS (
     ) AS next_job ON true
     WHERE conc.concurrency_key = taken.concurrency_key
     RETURNING conc.concurrency_key
+),
+-- end keys
+running AS (
+    -- The partition rows were locked by idle_partitions above.
+    UPDATE django_pgqueue_partition AS part
+    SET running_id = claimed.id,
+        refreshed_at = now()
+    FROM claimed
+    WHERE part.partition_key = claimed.partition_key
+    RETURNING part.partition_key
 )
-SELECT claimed.*, (SELECT count(*) FROM running) + (SELECT count(*) FROM counted)
-    AS partitions_started, false AS signalled
+SELECT claimed.*,
+    (SELECT count(*) FROM running)
+    -- begin keys
+    + (SELECT count(*) FROM counted)
+    -- end keys
+    AS partitions_started, false AS signalled, false AS keys_open
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     NULL, NULL, NULL, NULL, NULL, NULL,
-    (SELECT count(*) FROM running) + (SELECT count(*) FROM counted),
+    (SELECT count(*) FROM running)
+    -- begin keys
+    + (SELECT count(*) FROM counted)
+    -- end keys
+    ,
     EXISTS (SELECT 1 FROM django_pgqueue_partition_signal)
-    OR EXISTS (SELECT 1 FROM django_pgqueue_concurrency_signal)
+    OR EXISTS (SELECT 1 FROM django_pgqueue_concurrency_signal),
+    -- pgq_concurrency_claim: a key of these queues whose next job could start.
+    EXISTS (
+        SELECT 1 FROM django_pgqueue_concurrency AS conc
+        WHERE conc.head_id IS NOT NULL
+          AND conc.in_flight < conc.max_in_flight
+          AND conc.queue = ANY (%(queues)s::text[])
+    )
 
 
 -- name: fold_partition_signals

@@ -71,6 +71,9 @@ class Worker:
         self._counts_lock = threading.Lock()
         self._rotation = 0
         self._hungry: dict[str, bool] = {}
+        # Whether the last claim saw a concurrency key of our queues that could start a
+        # job; while it did not, claims use the statement without the key branches.
+        self._keys_open = True
         # Jobs whose unknown task was already reported (a WARNING once per job per worker).
         self._unknown_reported: dict[int, None] = {}
         self._claim_sent_at = time.monotonic()
@@ -293,8 +296,10 @@ class Worker:
                 lease_seconds=self.options.lease_seconds,
                 bucket_masks=masks,
                 total_limit=limit,
+                plain=not self._keys_open,
             )
         )
+        self._keys_open = round_.keys_open
         claimed = round_.jobs
         observe.current.claimed(len(claimed), time.perf_counter() - sent_at)
         got: dict[str, int] = dict.fromkeys(queues, 0)
