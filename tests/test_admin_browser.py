@@ -137,13 +137,28 @@ def _screenshot(driver: Any, name: str) -> None:
 
 def _click_and_wait(driver: Any, element: Any) -> None:
     """Click something that loads a new page, and wait until the new page replaced the old."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     old_page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 30).until(expected_conditions.staleness_of(old_page))
+
+    def replaced(_driver: Any) -> bool:
+        try:
+            old_page.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            # Asked mid-navigation, chromedriver can answer "Node with given id does not
+            # belong to the document" instead of reporting the element stale: the old
+            # page is gone all the same (seen on CI).
+            if "does not belong to the document" in str(error):
+                return True
+            raise
+        return False
+
+    WebDriverWait(driver, 30).until(replaced)
 
 
 def _log_in(driver: Any, base: str) -> None:
