@@ -18,7 +18,10 @@ from typing import Any
 from django_pgqueue.embedded import EmbeddedPostgres, database_settings
 
 REPO = Path(__file__).resolve().parent.parent
-EMBEDDED_ROOT = REPO / ".pgdata"
+#: ``PGQUEUE_TEST_PGDATA`` (relative to the checkout) gives a run a server of its own:
+#: CI runs two Django legs side by side, each on its own embedded server, so that tests
+#: which look at or terminate connections server-wide never touch the other leg's.
+EMBEDDED_ROOT = REPO / (os.environ.get("PGQUEUE_TEST_PGDATA") or ".pgdata")
 
 _embedded: EmbeddedPostgres | None = None
 

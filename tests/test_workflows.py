@@ -120,13 +120,14 @@ def test_wait_survives_a_terminated_listen_connection(workers, observer):
     thread.start()
     wait_for(
         lambda: observer.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pgqueue-wait'"
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE application_name = 'pgqueue-wait' AND datname = current_database()"
         ).fetchone()[0],
         timeout=10,
     )
     killed = observer.execute(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE application_name = 'pgqueue-wait'"
+        "WHERE application_name = 'pgqueue-wait' AND datname = current_database()"
     ).fetchone()[0]
     assert killed == 1
     workers(*FAST)
