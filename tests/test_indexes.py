@@ -70,14 +70,6 @@ PARAMS: dict[str, dict[str, Any]] = {
         "lease_seconds": 30.0,
         "total_limit": 100,
     },
-    "claim_batch_plain": {
-        "queues": ["default", "emails"],
-        "bucket_masks": [None, "1" * 1024],
-        "queue_limits": [100, 50],
-        "worker_id": "w",
-        "lease_seconds": 30.0,
-        "total_limit": 100,
-    },
     "reap_expired": {"limit": 1000, "job_ids": None, "lease_channel": "l", **_RETRY},
     "prune_finished": {"retention_seconds": 3600.0, "limit": 1000},
     "prune_dead_letters": {"retention_seconds": 3600.0, "limit": 1000},
@@ -144,6 +136,9 @@ PARAMS: dict[str, dict[str, Any]] = {
     "cancelled_dependents": {"job_ids": [1, 2]},
     "mark_awaited": {"job_id": 1},
 }
+
+# The plain claim is the claim without its key branches: same parameters.
+PARAMS["claim_batch_plain"] = PARAMS["claim_batch"]
 
 PRIMARY_KEY = {"django_pgqueue_job_pkey"}
 EXPECTED_INDEXES = {
