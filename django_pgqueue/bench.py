@@ -1,13 +1,15 @@
 """The benchmark behind ``manage.py queuebench``: measure a queue on your own database.
 
-Every phase uses the real code paths: ``task.enqueue()`` through the Django backend,
-``QueueStore.enqueue_many`` for bulk inserts, and worker processes forked exactly as
-``runqueueworker --processes`` forks them. Benchmark jobs live in their own queue
-(``queuebench`` unless told otherwise) and are deleted afterwards.
+Every phase uses the real code paths: ``task.enqueue()`` and ``enqueue_many`` through
+the Django backend, and worker processes forked exactly as ``runqueueworker --processes``
+forks them, with the settings ``runqueueworker`` would use unless told otherwise.
+Benchmark jobs live in their own queue (``queuebench`` unless told otherwise) and are
+deleted afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import multiprocessing
@@ -44,6 +46,12 @@ __all__ = [
 
 BENCH_QUEUE = "queuebench"
 NOOP_PATH = "django_pgqueue.bench.noop"
+IO_SYNC_PATH = "django_pgqueue.bench.io_sync"
+IO_ASYNC_PATH = "django_pgqueue.bench.io_async"
+#: How long each I/O-bound benchmark job waits.
+IO_SECONDS = 0.005
+#: The tuned profile: one thread per process and large batches, for no-op jobs.
+TUNED = {"concurrency": 1, "batch_size": 500, "prefetch": 500}
 _PREFILL_SQL = """
 INSERT INTO django_pgqueue_job (
     queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
@@ -59,15 +67,6 @@ FROM generate_series(1, %(rows)s)
 
 class BenchmarkError(RuntimeError):
     """A benchmark run could not produce its figures (jobs failed, workers died...)."""
-
-
-def _noop() -> None:
-    """Do nothing: measures the queue, not the work."""
-
-
-def _latency_probe() -> float:
-    """Return the wall-clock time at which the handler started."""
-    return time.time()
 
 
 def _bench_task(func: Callable[..., Any]) -> Task:  # type: ignore[type-arg]
@@ -101,10 +100,29 @@ def bench_task(task_path: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -
     return task
 
 
-#: A no-op task (the queue's own cost, nothing else).
-noop = _bench_task(_noop)
-#: Returns when its handler started, for wake-up latency.
-latency_probe = _bench_task(_latency_probe)
+# The benchmark tasks are decorated in place: a task's path is its function's, and
+# workers import the task by that path.
+@_bench_task
+def noop() -> None:
+    """Do nothing: measures the queue, not the work."""
+
+
+@_bench_task
+def latency_probe() -> float:
+    """Return the wall-clock time at which the handler started, for wake-up latency."""
+    return time.time()
+
+
+@_bench_task
+def io_sync() -> None:
+    """Wait 5 ms in a blocking call: an I/O-bound sync task (an HTTP call, say)."""
+    time.sleep(IO_SECONDS)
+
+
+@_bench_task
+async def io_async() -> None:
+    """Wait 5 ms on the event loop: an I/O-bound coroutine task."""
+    await asyncio.sleep(IO_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -113,15 +131,22 @@ class BenchConfig:
 
     jobs: int = 20_000
     processes: int = 2
-    concurrency: int = 1
-    batch_size: int = 500
-    prefetch: int = 500
+    #: Worker settings; None takes what ``runqueueworker`` would run with (PGQUEUE_*
+    #: settings, else the defaults), resolved in :func:`run_benchmark`.
+    concurrency: int | None = None
+    batch_size: int | None = None
+    prefetch: int | None = None
+    prefetch_window: float | None = None
     repeat: int = 3
     prefill: int = 0
     single_enqueues: int = 2_000
     latency_jobs: int = 200
     latency_rate: float = 20.0
     memory_jobs: int = 0
+    #: I/O-bound runs (one worker process each): this many jobs that sleep 5 ms, sync
+    #: at the worker's concurrency and async at ``io_concurrency``; 0 skips them.
+    io_jobs: int = 0
+    io_concurrency: int = 500
     queue: str = BENCH_QUEUE
     #: The task every benchmark job runs (checked with :func:`bench_task`), and its
     #: arguments; it runs in the benchmark queue, whatever its own queue is.
@@ -148,6 +173,8 @@ class BenchReport:
     drain_wall_seconds: list[float] = field(default_factory=list)
     latency_ms: dict[str, float] = field(default_factory=dict)
     memory_rss_mb: dict[str, float] = field(default_factory=dict)
+    #: Jobs per second of the I/O-bound runs, keyed "sync" and "async".
+    io_per_second: dict[str, float] = field(default_factory=dict)
 
     @property
     def drain_median(self) -> float:
@@ -174,7 +201,8 @@ class BenchReport:
         lines = [
             f"queuebench on {self.server_version}",
             f"  {c['jobs']} jobs x {c['repeat']} runs; {c['processes']} processes x "
-            f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}; "
+            f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}, "
+            f"prefetch window {c['prefetch_window']:g}s; "
             f"{c['prefill']} finished jobs already in the table",
             f"  task: {c['task_path']}"
             + (
@@ -187,7 +215,7 @@ class BenchReport:
             f"{self.single_enqueue_atomic_per_second:>10,.0f} jobs/s",
             f"  plain INSERT + COMMIT (the floor): "
             f"{self.single_insert_floor_per_second:>10,.0f} rows/s",
-            f"  bulk enqueue (enqueue_many):       {self.bulk_median:>10,.0f} jobs/s  "
+            f"  bulk enqueue (enqueue_many, 1,000 per call): {self.bulk_median:>10,.0f} jobs/s  "
             f"(runs: {', '.join(f'{v:,.0f}' for v in self.bulk_enqueue_per_second)})",
             f"  drain:                             {self.drain_median:>10,.0f} jobs/s  "
             f"(runs: {', '.join(f'{v:,.0f}' for v in self.drain_per_second)})",
@@ -198,6 +226,15 @@ class BenchReport:
                 f"  wake-up latency at {c['latency_rate']:g} jobs/s: p50 {lat['p50']:.1f} ms, "
                 f"p90 {lat['p90']:.1f} ms, p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms "
                 f"({int(lat['samples'])} jobs)"
+            )
+        if self.io_per_second:
+            io = self.io_per_second
+            ideal = c["concurrency"] / IO_SECONDS
+            lines.append(
+                f"  I/O-bound, 1 process, {c['io_jobs']:,} jobs of {IO_SECONDS * 1000:g} ms: "
+                f"sync {io['sync']:,.0f} jobs/s at concurrency {c['concurrency']} "
+                f"({io['sync'] / ideal:.0%} of the {ideal:,.0f} it allows), "
+                f"async {io['async']:,.0f} jobs/s at concurrency {c['io_concurrency']}"
             )
         if self.memory_rss_mb:
             mem = self.memory_rss_mb
@@ -212,6 +249,7 @@ def run_benchmark(
     config: BenchConfig, *, progress: Callable[[str], None] = lambda _: None
 ) -> BenchReport:
     """Run every phase of the benchmark and return the figures."""
+    config = resolve_settings(config)
     report = BenchReport(config=asdict(config))
     conn = connect(config.database, prepare=False, application_name="queuebench")
     try:
@@ -239,6 +277,25 @@ def run_benchmark(
         if config.latency_jobs:
             progress(f"wake-up latency: {config.latency_jobs} jobs at {config.latency_rate:g}/s")
             report.latency_ms = _latency(config)
+        if config.io_jobs:
+            for kind, path, concurrency in (
+                ("sync", IO_SYNC_PATH, config.concurrency),
+                ("async", IO_ASYNC_PATH, config.io_concurrency),
+            ):
+                progress(f"I/O-bound {kind}: {config.io_jobs:,} jobs, concurrency {concurrency}")
+                io_config = replace(
+                    config,
+                    task_path=path,
+                    args=(),
+                    kwargs={},
+                    jobs=config.io_jobs,
+                    processes=1,
+                    concurrency=concurrency,
+                )
+                first_id, _ = _bulk_enqueue(io_config, config.io_jobs)
+                conn.execute("VACUUM ANALYZE django_pgqueue_job")
+                _run_workers(io_config, burst=True)
+                report.io_per_second[kind] = _drain_rate(conn, io_config, first_id)
         if config.memory_jobs:
             progress(f"memory: one worker through {config.memory_jobs:,} jobs")
             report.memory_rss_mb = _memory(config)
@@ -279,14 +336,7 @@ def _single_enqueues(config: BenchConfig, *, atomic: bool) -> float:
     task = _in_queue(resolve_task(config.task_path), config.queue)
     # The backend's own enqueue path, on a copy of the task's backend that also serves
     # the benchmark queue (which the project's QUEUES does not list).
-    configured = task_backends[task.backend]
-    backend = PgQueueBackend(
-        configured.alias,
-        {
-            "QUEUES": [*configured.queues, config.queue],
-            "OPTIONS": {**configured.options, "DATABASE": config.database},
-        },
-    )
+    backend = _bench_backend(config, task)
     started = time.perf_counter()
     if atomic:
         for _ in range(config.single_enqueues):
@@ -334,29 +384,44 @@ def _in_queue(bench_task: Task, queue: str) -> Task:  # type: ignore[type-arg]
     return clone
 
 
+def _bench_backend(config: BenchConfig, task: Task) -> PgQueueBackend:  # type: ignore[type-arg]
+    """Return a copy of ``task``'s backend that also serves the benchmark queue.
+
+    The project's QUEUES does not list the benchmark queue; everything else (database,
+    options) is the configured backend's, so enqueues take the public code path.
+    """
+    configured = task_backends[task.backend]
+    return PgQueueBackend(
+        configured.alias,
+        {
+            "QUEUES": [*configured.queues, config.queue],
+            "OPTIONS": {**configured.options, "DATABASE": config.database},
+        },
+    )
+
+
+#: Jobs per ``enqueue_many`` call in the bulk phase: what an application batches.
+BULK_CALL = 1_000
+
+
 def _bulk_enqueue(config: BenchConfig, count: int) -> tuple[int, float]:
-    runner = PsycopgRunner(connect(config.database, prepare=False), config.database)
-    store = QueueStore(runner)
-    try:
-        specs = [
-            JobSpec(
-                config.task_path,
-                queue=config.queue,
-                args=config.args,
-                kwargs=config.kwargs,
-                max_attempts=1,
-            )
-            for _ in range(count)
-        ]
-        started = time.perf_counter()
-        first_id = None
-        for start in range(0, count, 10_000):
-            outcomes = store.enqueue_many(specs[start : start + 10_000])
-            if first_id is None:
-                first_id = outcomes[0].id
-        elapsed = time.perf_counter() - started
-    finally:
-        runner.connection.close()
+    """Enqueue ``count`` jobs through ``enqueue_many``, 1,000 per call (autocommit).
+
+    Return the first job's id and the rate. This is the path of ``Task.enqueue_many``
+    (the task's backend, its checks and its ``task_enqueued`` signal), on a backend that
+    serves the benchmark queue.
+    """
+    task = _in_queue(resolve_task(config.task_path), config.queue)
+    backend = _bench_backend(config, task)
+    calls = [(config.args, config.kwargs)] * count
+    first_id = None
+    started = time.perf_counter()
+    for start in range(0, count, BULK_CALL):
+        results = backend.enqueue_many(task, calls[start : start + BULK_CALL])
+        if first_id is None:
+            first_id = int(results[0].id)
+    elapsed = time.perf_counter() - started
+    connections[config.database].close()
     assert first_id is not None
     return first_id, count / elapsed
 
@@ -378,6 +443,23 @@ def _drain_rate(conn: Any, config: BenchConfig, first_id: int) -> float:
     return float(done) / max(float(seconds), 1e-6)
 
 
+def resolve_settings(config: BenchConfig) -> BenchConfig:
+    """Fill the worker settings left unset with what ``runqueueworker`` would use."""
+    options = WorkerOptions.from_settings(
+        concurrency=config.concurrency,
+        batch_size=config.batch_size,
+        prefetch=config.prefetch,
+        prefetch_window=config.prefetch_window,
+    )
+    return replace(
+        config,
+        concurrency=options.concurrency,
+        batch_size=options.batch_size,
+        prefetch=options.prefetch,
+        prefetch_window=options.prefetch_window,
+    )
+
+
 def _worker_options(
     config: BenchConfig, *, burst: bool, processes: int | None = None
 ) -> WorkerOptions:
@@ -385,6 +467,7 @@ def _worker_options(
         concurrency=config.concurrency,
         batch_size=config.batch_size,
         prefetch=config.prefetch,
+        prefetch_window=config.prefetch_window,
         burst=burst,
         handle_signals=True,
         housekeeping=False,

@@ -80,6 +80,7 @@ SETTING_CHECK_IDS = {
     "METRICS_TOKEN": "django_pgqueue.E122",
     "CONCURRENCY_LIMITS": "django_pgqueue.E123",
     "RATE_LIMITS": "django_pgqueue.E124",
+    "PREFETCH_WINDOW_SECONDS": "django_pgqueue.E125",
 }
 
 
@@ -99,7 +100,7 @@ def _queue_backends() -> list[Any]:
 
 @checks.register()
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
-    """Report invalid ``PGQUEUE_*`` settings (E101-E124)."""
+    """Report invalid ``PGQUEUE_*`` settings (E101-E125)."""
     return [checks.Error(message, id=SETTING_CHECK_IDS[name]) for name, message in conf.problems()]
 
 

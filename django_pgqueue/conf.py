@@ -50,6 +50,12 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
     SettingSpec("CONCURRENCY", 10, "Jobs one worker process runs at the same time."),
     SettingSpec("BATCH_SIZE", 100, "Most jobs claimed in one round trip."),
     SettingSpec("PREFETCH", 0, "Extra jobs a worker may hold beyond its free slots."),
+    SettingSpec(
+        "PREFETCH_WINDOW_SECONDS",
+        0.05,
+        "Adaptive prefetch: a worker also holds as many jobs as it finishes in this time "
+        "(at its measured rate, at most BATCH_SIZE); 0 turns it off.",
+    ),
     SettingSpec("GRACE_SECONDS", 30.0, "Time running jobs get to finish on shutdown."),
     SettingSpec(
         "HOUSEKEEPING_INTERVAL_SECONDS",
@@ -190,6 +196,16 @@ class Settings:
     def PREFETCH(self) -> int:  # noqa: N802
         """Extra jobs held beyond free slots."""
         return self._int("PREFETCH", minimum=0, maximum=100_000)
+
+    @property
+    def PREFETCH_WINDOW_SECONDS(self) -> float:  # noqa: N802
+        """Adaptive prefetch window (0 turns adaptive prefetch off)."""
+        value = self._seconds("PREFETCH_WINDOW_SECONDS", strict=False)
+        if value > 60:
+            raise ConfigurationError(
+                f"PGQUEUE_PREFETCH_WINDOW_SECONDS must be <= 60, not {value!r}"
+            )
+        return value
 
     @property
     def GRACE_SECONDS(self) -> float:  # noqa: N802

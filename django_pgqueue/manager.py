@@ -225,6 +225,24 @@ class Enqueued:
             return None
         return self._pending[1], self._pending[2]
 
+    def snapshot_status(self) -> JobStatus:
+        """Return the job's status (without building the snapshot of a new job)."""
+        if self._pending is not None:
+            return JobStatus(self._pending[3].get("status", JobStatus.PENDING))
+        assert self._snapshot is not None
+        return JobStatus(self._snapshot.status)
+
+    @property
+    def inserted_payload(self) -> tuple[str, str] | None:
+        """Return the stored ``(args, kwargs)`` JSON of a job this call inserted, else None.
+
+        What a caller needs to describe a new job without building its whole snapshot.
+        """
+        if self._pending is None:
+            return None
+        params = self._pending[3]
+        return params["args"], params["kwargs"]
+
     @property
     def snapshot(self) -> JobSnapshot:
         """Return the job as a plain value (built on first access for bulk inserts)."""

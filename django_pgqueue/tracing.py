@@ -65,7 +65,12 @@ def current_traceparent() -> str | None:
 @contextmanager
 def attempt_span(job: ClaimedJob) -> Iterator[Any]:
     """Run the block in a span for one attempt of ``job`` (yields None without the API)."""
-    if not AVAILABLE:
+    if not AVAILABLE or isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    ):
+        # No SDK is configured: every span would be a no-op, yet building one (links,
+        # attributes, context tokens) costs more than a short job. A provider set later
+        # is seen at the next attempt.
         yield None
         return
     links = []

@@ -50,6 +50,7 @@ def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, obser
         db_url,
         *("--jobs", "400", "--repeat", "2", "--processes", "2", "--prefill", "500"),
         *("--single-enqueues", "30", "--latency-jobs", "10", "--latency-rate", "50"),
+        *("--io-jobs", "0"),
     )
     assert report["config"]["task_path"] == "django_pgqueue.bench.noop"
     assert len(report["drain_per_second"]) == 2
@@ -70,14 +71,18 @@ def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, obser
 
 def test_the_text_report_names_each_figure(db_url):
     done = _queuebench(
-        db_url, "--jobs", "200", "--repeat", "1", "--single-enqueues", "10", "--latency-jobs", "0"
+        db_url,
+        *("--jobs", "200", "--repeat", "1", "--single-enqueues", "10", "--latency-jobs", "0"),
+        *("--io-jobs", "100"),
     )
     assert done.returncode == 0, done.stderr
     for label in (
         "single enqueue (autocommit)",
         "single enqueue (in atomic())",
         "plain INSERT + COMMIT (the floor)",
-        "bulk enqueue (enqueue_many)",
+        "bulk enqueue (enqueue_many, 1,000 per call)",
+        "I/O-bound, 1 process, 100 jobs of 5 ms: sync",
+        "2 processes x concurrency 10, batch 100, prefetch 0, prefetch window 0.05s",
         "drain:",
         "task: django_pgqueue.bench.noop",
     ):
@@ -89,6 +94,7 @@ def test_a_given_task_runs_with_its_arguments(db_url, observer):
         db_url,
         *("--task", "tests.tasks.add", "--args", "[2]", "--kwargs", '{"b": 3}', "--keep"),
         *("--jobs", "150", "--repeat", "2", "--single-enqueues", "5", "--latency-jobs", "0"),
+        *("--io-jobs", "0"),
     )
     assert report["config"]["task_path"] == "tests.tasks.add"
     assert report["config"]["args"] == [2]
@@ -106,7 +112,7 @@ def test_worker_memory_is_sampled_across_the_run(db_url):
     report = _report(
         db_url,
         *("--jobs", "100", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
-        *("--memory-jobs", "20000"),
+        *("--memory-jobs", "20000", "--io-jobs", "0"),
     )
     memory = report["memory_rss_mb"]
     assert memory["first"] > 0
@@ -127,6 +133,9 @@ def test_worker_memory_is_sampled_across_the_run(db_url):
         (("--task", "tests.tasks.add", "--args", "[1, 2, 3]"), "do not match tests.tasks.add"),
         (("--task", "tests.tasks.add", "--args", "[1]"), "missing a required argument: 'b'"),
         (("--args", "[1"), "--args is not valid JSON"),
+        (("--prefetch-window", "61"), "--prefetch-window must be 0 to 60 seconds"),
+        (("--io-jobs", "-1"), "--io-jobs must be 0 or more"),
+        (("--profile", "fastest"), "invalid choice: 'fastest'"),
         (("--args", '{"a": 1}'), "--args must be a JSON list"),
         (("--kwargs", "[]"), "--kwargs must be a JSON object"),
         (("--task", "tests.tasks.add", "--args", "[NaN, 1]"), "args[0]"),
@@ -143,7 +152,66 @@ def test_a_task_that_fails_makes_the_run_fail_with_a_count(db_url):
     done = _queuebench(
         db_url,
         *("--task", "tests.tasks.always_fails", "--jobs", "50", "--repeat", "1"),
-        *("--single-enqueues", "0", "--latency-jobs", "0"),
+        *("--single-enqueues", "0", "--latency-jobs", "0", "--io-jobs", "0"),
     )
     assert done.returncode == 1, done.stderr
     assert "queuebench failed: only 0 of 50 benchmark jobs succeeded (50 did not" in done.stderr
+
+
+def test_the_workers_run_with_the_settings_runqueueworker_would_use(db_url):
+    env_settings = {"PGQUEUE_CONCURRENCY": "4", "PGQUEUE_PREFETCH_WINDOW_SECONDS": "0.02"}
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "tests.manage", "queuebench", "--json", "--io-jobs", "0"),
+            *("--jobs", "100", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
+        ],
+        cwd=REPO,
+        env={
+            **os.environ,
+            **env_settings,
+            "DATABASE_URL": db_url,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+        },
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    config = json.loads(done.stdout)["config"]
+    assert (config["concurrency"], config["batch_size"], config["prefetch"]) == (4, 100, 0)
+    assert config["prefetch_window"] == 0.02
+
+
+def test_the_tuned_profile_and_explicit_options(db_url):
+    report = _report(
+        db_url,
+        *("--profile", "tuned", "--prefetch", "50", "--jobs", "100", "--repeat", "1"),
+        *("--single-enqueues", "0", "--latency-jobs", "0", "--io-jobs", "0"),
+    )
+    config = report["config"]
+    # The profile's settings, except the one given explicitly.
+    assert (config["concurrency"], config["batch_size"], config["prefetch"]) == (1, 500, 50)
+
+
+def test_io_bound_runs_report_sync_and_async_rates(db_url, observer):
+    report = _report(
+        db_url,
+        *("--jobs", "100", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
+        *("--io-jobs", "200", "--io-concurrency", "50", "--concurrency", "4", "--keep"),
+    )
+    assert set(report["io_per_second"]) == {"sync", "async"}
+    assert all(rate > 0 for rate in report["io_per_second"].values())
+    ran = dict(
+        _rows(
+            observer,
+            "SELECT task_path, count(*) FROM django_pgqueue_job "
+            "WHERE queue = %s AND status = 'succeeded' GROUP BY 1",
+            QUEUE,
+        )
+    )
+    assert ran == {
+        "django_pgqueue.bench.noop": 100,
+        "django_pgqueue.bench.io_sync": 200,
+        "django_pgqueue.bench.io_async": 200,
+    }

@@ -102,6 +102,11 @@ class TaskResolver:
             return entry
 
 
+#: Guards the one moment an attempt either starts or is withdrawn (see InFlight.begin):
+#: shared by all attempts, held for two attribute reads and a write.
+_START_LOCK = threading.Lock()
+
+
 @dataclass(slots=True, eq=False)
 class InFlight:
     """One attempt this worker holds a lease on, from claim until its outcome is recorded.
@@ -131,6 +136,27 @@ class InFlight:
     #: Until when (time.monotonic) the lease is surely held: a moment taken before the
     #: claim (or the last extension) was sent, plus the lease length. Local clock only.
     lease_valid_until: float = float("inf")
+
+    def begin(self) -> bool:
+        """Mark the handler as starting, unless the attempt was withdrawn or abandoned.
+
+        A thread about to run the job and the dispatcher handing the job back (a stale
+        prefetch, a shutdown) race for the same attempt: exactly one of :meth:`begin` and
+        :meth:`withdraw` wins, so a job handed back never also runs here.
+        """
+        with _START_LOCK:
+            if self.abandoned:
+                return False
+            self.started_at = time.monotonic()
+            return True
+
+    def withdraw(self) -> bool:
+        """Abandon the attempt if its handler has not started; return whether it had not."""
+        with _START_LOCK:
+            if self.started_at is not None or self.abandoned:
+                return False
+            self.abandoned = True
+            return True
 
     def lease_may_have_expired(self) -> bool:
         """Return whether the lease may have run out (the process was paused, say).
@@ -368,7 +394,8 @@ class JobRunner:
         entry = flight.entry
         assert entry is not None
         job = flight.job
-        flight.started_at = started = time.monotonic()
+        started = flight.started_at if flight.started_at is not None else time.monotonic()
+        flight.started_at = started
         if entry.timeout is not None:
             flight.deadline = started + entry.timeout
         # Like a request: drop connections that broke or outlived CONN_MAX_AGE.
@@ -435,7 +462,8 @@ class JobRunner:
         entry = flight.entry
         assert entry is not None
         job = flight.job
-        flight.started_at = started = time.monotonic()
+        started = flight.started_at if flight.started_at is not None else time.monotonic()
+        flight.started_at = started
         task_result = self._task_result(flight)
 
         def record_step(step: str | None) -> None:

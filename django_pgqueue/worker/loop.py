@@ -42,6 +42,7 @@ from .housekeeping import Housekeeper
 from .listener import Listener
 from .logfields import job_extra
 from .options import WorkerOptions
+from .pacing import AdaptivePrefetch
 from .pools import AsyncRunner, ThreadPool
 from .scheduler import Scheduler
 
@@ -77,6 +78,7 @@ class Worker:
         # Jobs whose unknown task was already reported (a WARNING once per job per worker).
         self._unknown_reported: dict[int, None] = {}
         self._claim_sent_at = time.monotonic()
+        self._adaptive = AdaptivePrefetch(options.prefetch_window, options.batch_size)
         self._retry_policy = RetryPolicy.from_settings()
         self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
         self._control = ConnectionSlot(options.database, f"pgqueue heartbeat {self.id}")
@@ -232,14 +234,16 @@ class Worker:
     # ------------------------------------------------------------------ the loop
     def _loop(self) -> None:
         options = self.options
-        total_slots = options.concurrency + options.prefetch
-        refill_at = max(1, total_slots // 2)
         while not self._stop_requests:
             self._wake.clear()
             if not self._record_outcomes():
                 self._wake.wait(0.2)  # the database is unreachable: retry soon
                 continue
             self._enforce_deadlines()
+            if self._adaptive.enabled:
+                self._hand_back_stale()
+            total_slots = options.concurrency + options.prefetch + self._adaptive.extra()
+            refill_at = max(1, total_slots // 2)
             if options.max_jobs is not None and self.processed >= options.max_jobs:
                 return
             with self._flights_lock:
@@ -276,9 +280,40 @@ class Worker:
                 for f in self._flights.values()
                 if f.deadline and not f.abandoned and not f.overdue
             ]
+            if self._adaptive.enabled:
+                # Wake up in time to hand back a job that waits too long for a thread.
+                deadlines.extend(
+                    f.claimed_at + self._adaptive.hold_seconds
+                    for f in self._flights.values()
+                    if f.started_at is None and not f.abandoned
+                )
         if deadlines:
             timeout = min(timeout, max(0.0, min(deadlines) - now) + 0.001)
         return timeout
+
+    def _hand_back_stale(self) -> None:
+        """Give back jobs that waited for a thread longer than adaptive prefetch allows.
+
+        Adaptive prefetch holds what the measured rate says will start within a few
+        milliseconds. When the jobs running now turn slow, the jobs held behind them would
+        wait for as long as those take, while other workers may be idle: past
+        ``hold_seconds`` they go back to the queue (fenced, attempt refunded), keeping the
+        oldest ``--prefetch`` ones, which the operator asked this worker to hold.
+        """
+        cutoff = time.monotonic() - self._adaptive.hold_seconds
+        with self._flights_lock:
+            waiting = sorted(
+                (f for f in self._flights.values() if f.started_at is None and not f.abandoned),
+                key=lambda f: f.claimed_at,
+            )
+        stale = [f for f in waiting[self.options.prefetch :] if f.claimed_at <= cutoff]
+        if stale:
+            self._release(
+                stale,
+                f"waited over {self._adaptive.hold_seconds:g}s for a free slot in worker "
+                f"{self.id} (its running jobs are slow); handed back for another worker",
+                withdraw=True,
+            )
 
     def _claim(self, limit: int) -> tuple[list[ClaimedJob], bool]:
         """Claim up to ``limit`` jobs shared fairly between the queues; return them and
@@ -447,6 +482,7 @@ class Worker:
                 break
         if not outcomes:
             return True
+        self._adaptive.finished(len(outcomes))
         for outcome in outcomes:
             self._settle_timeout(outcome)
         try:
@@ -795,7 +831,7 @@ class Worker:
             waiting = [
                 f for f in self._flights.values() if f.started_at is None and not f.abandoned
             ]
-        self._release(waiting, "worker shutting down before the job started")
+        self._release(waiting, "worker shutting down before the job started", withdraw=True)
         # Running jobs get the grace period, unless a second signal arrives.
         while not crashed and self._stop_requests < 2:
             self._record_outcomes_at_exit()
@@ -850,7 +886,14 @@ class Worker:
         except Exception:
             logger.exception("worker %s: recording outcomes at shutdown failed", self.id)
 
-    def _release(self, flights: list[InFlight], reason: str) -> None:
+    def _release(self, flights: list[InFlight], reason: str, *, withdraw: bool = False) -> None:
+        """Give ``flights`` back to the queue (fenced, attempt refunded).
+
+        With ``withdraw``, only the attempts whose handler has not started are given back:
+        a thread may take one between the caller's look and this call.
+        """
+        if withdraw:
+            flights = [flight for flight in flights if flight.withdraw()]
         if not flights:
             return
         for flight in flights:

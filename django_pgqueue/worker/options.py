@@ -42,6 +42,9 @@ class WorkerOptions:
     grace_seconds: float
     worker_timeout: float
     housekeeping_interval: float
+    #: Adaptive prefetch: besides ``prefetch``, hold as many jobs as this worker finishes
+    #: in this many seconds at its measured rate (at most ``batch_size``); 0 turns it off.
+    prefetch_window: float = 0.0
     burst: bool = False
     max_jobs: int | None = None
     worker_id: str = field(default_factory=default_worker_id)
@@ -71,6 +74,7 @@ class WorkerOptions:
             "queues": tuple(sorted(queue_backend.queues)),
             "concurrency": conf.CONCURRENCY,
             "prefetch": conf.PREFETCH,
+            "prefetch_window": conf.PREFETCH_WINDOW_SECONDS,
             "batch_size": conf.BATCH_SIZE,
             "lease_seconds": conf.LEASE_SECONDS,
             "heartbeat_seconds": conf.HEARTBEAT_SECONDS,
@@ -105,6 +109,15 @@ class WorkerOptions:
         _positive_int("--batch-size", self.batch_size, maximum=10_000)
         if not isinstance(self.prefetch, int) or self.prefetch < 0:
             raise ConfigurationError(f"--prefetch must be 0 or more, not {self.prefetch!r}")
+        if (
+            isinstance(self.prefetch_window, bool)
+            or not isinstance(self.prefetch_window, int | float)
+            or not math.isfinite(self.prefetch_window)
+            or not 0 <= self.prefetch_window <= 60
+        ):
+            raise ConfigurationError(
+                f"--prefetch-window must be 0 to 60 seconds, not {self.prefetch_window!r}"
+            )
         if self.max_jobs is not None:
             _positive_int("--max-jobs", self.max_jobs)
         _positive_seconds("--lease-seconds", self.lease_seconds)

@@ -80,6 +80,9 @@ class ThreadPool:
                 if flight.lease_may_have_expired():
                     self._sink(_expired_before_start(flight))
                     continue
+                if not flight.begin():  # withdrawn (handed back) a moment ago
+                    self._sink(Outcome(flight, OutcomeKind.LOST))
+                    continue
                 try:
                     outcome = self._run(flight)
                 except BaseException as error:
@@ -163,6 +166,8 @@ class AsyncRunner:
                 outcome = Outcome(flight, OutcomeKind.LOST)
             elif flight.lease_may_have_expired():
                 outcome = _expired_before_start(flight)
+            elif not flight.begin():  # withdrawn (handed back) a moment ago
+                outcome = Outcome(flight, OutcomeKind.LOST)
             else:
                 outcome = await self._run(flight)
         except asyncio.CancelledError:

@@ -8,16 +8,18 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...bench import NOOP_PATH, BenchConfig, BenchmarkError, bench_task, run_benchmark
+from ...bench import NOOP_PATH, TUNED, BenchConfig, BenchmarkError, bench_task, run_benchmark
 from ...compat import InvalidTask
+from ...exceptions import ConfigurationError
 
 
 class Command(BaseCommand):
     help = (
         "Benchmark django-pgqueue on this project's database: enqueue no-op jobs (or jobs of "
         "a given task), drain them with worker processes, and report throughput, enqueue "
-        "rates and wake-up latency. Benchmark jobs use their own queue and are deleted "
-        "afterwards."
+        "rates, I/O-bound throughput and wake-up latency. Workers run with the settings "
+        "runqueueworker would use unless told otherwise. Benchmark jobs use their own queue "
+        "and are deleted afterwards."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -45,16 +47,21 @@ class Command(BaseCommand):
         )
         parser.add_argument("--processes", type=int, default=2, help="Worker processes (2).")
         parser.add_argument(
-            "--concurrency",
-            type=int,
-            default=1,
-            help="Threads per worker (1: best for no-op jobs).",
+            "--profile",
+            choices=("defaults", "tuned"),
+            default="defaults",
+            help="Worker settings: 'defaults' (what runqueueworker runs with: the PGQUEUE_* "
+            "settings, else the built-in defaults) or 'tuned' (for no-op jobs: concurrency "
+            "1, batch 500, prefetch 500). The options below override either.",
         )
+        parser.add_argument("--concurrency", type=int, help="Threads per worker.")
+        parser.add_argument("--batch-size", type=int, help="Most jobs per claim.")
+        parser.add_argument("--prefetch", type=int, help="Jobs held beyond free threads.")
         parser.add_argument(
-            "--batch-size", type=int, default=500, help="Most jobs per claim (500)."
-        )
-        parser.add_argument(
-            "--prefetch", type=int, default=500, help="Jobs held beyond free threads (500)."
+            "--prefetch-window",
+            type=float,
+            metavar="SECONDS",
+            help="Adaptive prefetch window (0 turns it off).",
         )
         parser.add_argument(
             "--prefill", type=int, default=0, help="Finished jobs inserted first (0)."
@@ -81,6 +88,19 @@ class Command(BaseCommand):
             "--memory-jobs", type=int, default=0, help="Jobs for the worker RSS test (0 skips)."
         )
         parser.add_argument(
+            "--io-jobs",
+            type=int,
+            default=5000,
+            help="Jobs of each I/O-bound run: tasks that wait 5 ms, sync (time.sleep, at the "
+            "worker's concurrency) and async (asyncio.sleep), one process each (5000; 0 skips).",
+        )
+        parser.add_argument(
+            "--io-concurrency",
+            type=int,
+            default=500,
+            help="Concurrency of the async I/O-bound run (500).",
+        )
+        parser.add_argument(
             "--queue", default="queuebench", help="Queue the benchmark jobs use (queuebench)."
         )
         parser.add_argument("--database", default="default", help="Database alias (default).")
@@ -91,11 +111,23 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the benchmark and print the report."""
-        for name in ("jobs", "repeat", "processes", "concurrency", "batch_size"):
-            if options[name] < 1:
+        if options["profile"] == "tuned":
+            for name, value in TUNED.items():
+                if options[name] is None:
+                    options[name] = value
+        for name in ("jobs", "repeat", "processes", "concurrency", "batch_size", "io_concurrency"):
+            if options[name] is not None and options[name] < 1:
                 raise CommandError(f"--{name.replace('_', '-')} must be at least 1", returncode=2)
-        for name in ("prefetch", "prefill", "single_enqueues", "latency_jobs", "memory_jobs"):
-            if options[name] < 0:
+        for name in (
+            "prefetch",
+            "prefetch_window",
+            "prefill",
+            "single_enqueues",
+            "latency_jobs",
+            "memory_jobs",
+            "io_jobs",
+        ):
+            if options[name] is not None and options[name] < 0:
                 raise CommandError(f"--{name.replace('_', '-')} must be 0 or more", returncode=2)
         if options["latency_rate"] <= 0:
             raise CommandError("--latency-rate must be positive", returncode=2)
@@ -113,11 +145,14 @@ class Command(BaseCommand):
             concurrency=options["concurrency"],
             batch_size=options["batch_size"],
             prefetch=options["prefetch"],
+            prefetch_window=options["prefetch_window"],
             prefill=options["prefill"],
             single_enqueues=options["single_enqueues"],
             latency_jobs=options["latency_jobs"],
             latency_rate=options["latency_rate"],
             memory_jobs=options["memory_jobs"],
+            io_jobs=options["io_jobs"],
+            io_concurrency=options["io_concurrency"],
             queue=options["queue"],
             task_path=options["task"],
             args=tuple(args),
@@ -132,6 +167,8 @@ class Command(BaseCommand):
         )
         try:
             report = run_benchmark(config, progress=progress)
+        except ConfigurationError as error:
+            raise CommandError(str(error), returncode=2) from error
         except BenchmarkError as error:
             raise CommandError(f"queuebench failed: {error}") from error
         self.stdout.write(report.as_json() if options["json"] else report.as_text())

@@ -40,6 +40,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--prefetch", type=int, help="Extra jobs held beyond free slots (default 0)."
         )
+        parser.add_argument(
+            "--prefetch-window",
+            type=float,
+            metavar="SECONDS",
+            help="Adaptive prefetch: also hold as many jobs as this process finishes in this "
+            "time, at its measured rate, at most --batch-size (default 0.05; 0 turns it off).",
+        )
         parser.add_argument("--batch-size", type=int, help="Most jobs claimed per round trip.")
         parser.add_argument(
             "--processes", type=int, default=1, help="Worker processes to run (default 1)."
@@ -107,6 +114,7 @@ class Command(BaseCommand):
                 queues=tuple(options["queues"]) if options["queues"] else None,
                 concurrency=options["concurrency"],
                 prefetch=options["prefetch"],
+                prefetch_window=options["prefetch_window"],
                 batch_size=options["batch_size"],
                 burst=options["burst"],
                 max_jobs=options["max_jobs"],

@@ -1,0 +1,69 @@
+"""Adaptive prefetch: hold as many waiting jobs as the worker finishes in a short window.
+
+A fixed prefetch is a bet on how long jobs take. Too small, and a worker running
+millisecond jobs spends its time on claim round trips for a handful of jobs each; too
+large, and a worker whose jobs turn slow sits on jobs that another worker could run.
+Sizing the extra from the measured finishing rate wins both ways: at thousands of jobs a
+second it reaches ``cap`` (one full batch per claim), and with jobs of a second or more it
+is zero, as if there were no prefetch at all.
+
+A measured rate only sees the past, so :attr:`hold_seconds` bounds the bet: a job that
+has waited that long for a thread is handed back to the queue (see ``Worker``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+__all__ = ["AdaptivePrefetch"]
+
+#: The rate is measured over the last second: long enough to smooth single batches,
+#: short enough that a worker whose jobs stall stops prefetching within a second.
+_HORIZON = 1.0
+
+
+class AdaptivePrefetch:
+    """The extra jobs a worker may hold, from its finishing rate over the last second."""
+
+    def __init__(self, window: float, cap: int) -> None:
+        self.window = window
+        self.cap = cap
+        self._finished: deque[tuple[float, int]] = deque()
+        self._total = 0
+
+    @property
+    def enabled(self) -> bool:
+        """Return whether adaptive prefetch is on (a window above zero)."""
+        return self.window > 0
+
+    @property
+    def hold_seconds(self) -> float:
+        """Return how long a job may wait for a thread before it is handed back.
+
+        Twenty windows (one second at the default): far beyond the wait the measured rate
+        predicts, so only a worker whose jobs stalled since the claim reaches it.
+        """
+        return max(1.0, 20 * self.window)
+
+    def finished(self, count: int, now: float | None = None) -> None:
+        """Note that ``count`` jobs finished (their outcomes were recorded)."""
+        if count <= 0 or not self.enabled:
+            return
+        now = time.monotonic() if now is None else now
+        self._finished.append((now, count))
+        self._total += count
+        self._expire(now)
+
+    def extra(self, now: float | None = None) -> int:
+        """Return how many jobs to hold beyond the free threads and the fixed prefetch."""
+        if not self.enabled:
+            return 0
+        now = time.monotonic() if now is None else now
+        self._expire(now)
+        rate = self._total / _HORIZON
+        return min(self.cap, int(rate * self.window))
+
+    def _expire(self, now: float) -> None:
+        while self._finished and self._finished[0][0] <= now - _HORIZON:
+            self._total -= self._finished.popleft()[1]

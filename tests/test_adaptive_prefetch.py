@@ -1,0 +1,213 @@
+"""Adaptive prefetch: sized by the measured finishing rate, and bounded when jobs stall.
+
+The promises, and how each could break:
+
+* fast jobs make a worker hold more than its threads (or it would claim a handful of
+  jobs per round trip);
+* with the window at 0 it never holds more than its threads plus ``--prefetch``;
+* a job held behind a handler that turned slow is handed back after ``hold_seconds``
+  and another worker runs it, once, with its attempt refunded (not held hostage);
+* a thread starting a job and the dispatcher handing it back never both win.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from django_pgqueue.manager import JobSpec
+from django_pgqueue.models import Job
+from django_pgqueue.worker import Worker, WorkerOptions
+from django_pgqueue.worker.execution import InFlight
+from django_pgqueue.worker.pacing import AdaptivePrefetch
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def in_process_ledger() -> Any:
+    """Close the ledger connection the in-process handlers opened (it holds the test
+    database open otherwise)."""
+    from tests import ledger
+
+    yield ledger
+    if ledger._connection is not None:
+        ledger._connection.close()
+        ledger._connection = None
+
+
+def test_the_extra_follows_the_rate_of_the_last_second_up_to_the_cap():
+    pace = AdaptivePrefetch(window=0.05, cap=100)
+    assert pace.extra(now=10.0) == 0  # nothing finished yet: no bet
+    pace.finished(400, now=10.0)
+    assert pace.extra(now=10.5) == 20  # 400 jobs/s x 50 ms
+    pace.finished(4000, now=10.6)
+    assert pace.extra(now=10.7) == 100  # capped at the batch size
+    assert pace.extra(now=11.05) == 100  # the 4,000 are still within the last second
+    assert pace.extra(now=11.7) == 0  # a stalled worker stops prefetching within a second
+    assert pace.hold_seconds == 1.0
+    assert AdaptivePrefetch(window=0.2, cap=10).hold_seconds == pytest.approx(4.0)
+
+
+def test_a_window_of_zero_turns_it_off():
+    pace = AdaptivePrefetch(window=0.0, cap=100)
+    pace.finished(100_000, now=1.0)
+    assert not pace.enabled
+    assert pace.extra(now=1.0) == 0
+
+
+@pytest.mark.parametrize("window", [-0.1, 61, float("nan"), True, "0.05"])
+def test_an_invalid_window_is_refused_by_name(window: Any):
+    with pytest.raises(Exception, match="--prefetch-window"):
+        WorkerOptions.from_settings(prefetch_window=window)
+
+
+def test_the_window_defaults_to_the_setting(settings):
+    assert WorkerOptions.from_settings().prefetch_window == 0.05
+    settings.PGQUEUE_PREFETCH_WINDOW_SECONDS = 0
+    assert WorkerOptions.from_settings().prefetch_window == 0.0
+
+
+def test_begin_and_withdraw_never_both_win():
+    """Thousands of races between a thread starting an attempt and its withdrawal."""
+    from django_pgqueue.manager import ClaimedJob
+
+    job = ClaimedJob.__new__(ClaimedJob)
+    for _ in range(2000):
+        flight = InFlight(job, None)
+        barrier = threading.Barrier(2)
+        won: dict[str, bool] = {}
+
+        def start(
+            flight: InFlight = flight,
+            barrier: threading.Barrier = barrier,
+            won: dict[str, bool] = won,
+        ) -> None:
+            barrier.wait()
+            won["begin"] = flight.begin()
+
+        thread = threading.Thread(target=start)
+        thread.start()
+        barrier.wait()
+        won["withdraw"] = flight.withdraw()
+        thread.join(5)
+        assert won["begin"] != won["withdraw"], won
+        assert (flight.started_at is not None) == won["begin"]
+        assert flight.abandoned == won["withdraw"]
+
+
+def _max_held(worker: Worker, stop: threading.Event) -> list[int]:
+    seen = [0]
+
+    def sample() -> None:
+        while not stop.is_set():
+            seen[0] = max(seen[0], len(worker._flights))
+            time.sleep(0.0005)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return seen
+
+
+@pytest.mark.parametrize(("window", "may_exceed"), [(0.05, True), (0.0, False)])
+def test_fast_jobs_make_a_worker_hold_more_than_its_threads(db_url, window, may_exceed):
+    Job.objects.enqueue_many([JobSpec("tests.tasks.noop") for _ in range(3000)])
+    options = WorkerOptions.from_settings(
+        burst=True, handle_signals=False, concurrency=2, prefetch=0, prefetch_window=window
+    )
+    worker = Worker(options)
+    stop = threading.Event()
+    held = _max_held(worker, stop)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(60)
+    stop.set()
+    assert not thread.is_alive()
+    assert worker.processed == 3000
+    if may_exceed:
+        assert held[0] > options.concurrency, held
+        assert held[0] <= options.concurrency + options.batch_size, held
+    else:
+        assert held[0] <= options.concurrency, held
+
+
+def test_jobs_held_behind_a_slow_handler_are_handed_back_to_another_worker(
+    db_url, observer: psycopg.Connection[Any], in_process_ledger: Any
+):
+    fast = [JobSpec("tests.tasks.ledger_sleep", kwargs={"label": "warm"}) for _ in range(400)]
+    fast.append(JobSpec("tests.tasks.ledger_sleep", kwargs={"seconds": 6, "label": "slow"}))
+    fast += [JobSpec("tests.tasks.ledger_sleep", kwargs={"label": "behind"}) for _ in range(300)]
+    outcomes = Job.objects.enqueue_many(fast)
+    slow_id = outcomes[400].id
+    first = Worker(
+        WorkerOptions.from_settings(
+            burst=False, handle_signals=False, concurrency=1, prefetch=0, prefetch_window=0.05
+        )
+    )
+    threads = [threading.Thread(target=first.run)]
+    threads[0].start()
+    # The second worker starts once the first one runs the slow job: every job still
+    # pending is either held by the first worker or free for the second.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        row = observer.execute(
+            "SELECT claimed_by FROM tests_ledgerentry l JOIN django_pgqueue_job j "
+            "ON j.id = l.job_id WHERE l.job_id = %s AND l.event = 'start'",
+            [slow_id],
+        ).fetchone()
+        if row:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the slow job never started")
+    assert row[0] == first.id
+    held_behind = observer.execute(
+        "SELECT count(*) FROM django_pgqueue_job WHERE status = 'processing' AND id > %s",
+        [slow_id],
+    ).fetchone()[0]
+    assert held_behind > 0, "the first worker prefetched nothing behind the slow job"
+    second = Worker(
+        WorkerOptions.from_settings(
+            burst=False, handle_signals=False, concurrency=1, prefetch=0, prefetch_window=0
+        )
+    )
+    threads.append(threading.Thread(target=second.run))
+    threads[1].start()
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            left = observer.execute(
+                "SELECT count(*) FROM django_pgqueue_job WHERE status <> 'succeeded' AND id > %s",
+                [slow_id],
+            ).fetchone()[0]
+            if not left:
+                break
+            time.sleep(0.05)
+        slow_status = observer.execute(
+            "SELECT status FROM django_pgqueue_job WHERE id = %s", [slow_id]
+        ).fetchone()[0]
+    finally:
+        first.request_stop()
+        second.request_stop()
+        for thread in threads:
+            thread.join(30)
+    assert left == 0, f"{left} jobs behind the slow one never ran"
+    # They all ran while the slow handler was still running: not held hostage.
+    assert slow_status == "processing"
+    handed_back = observer.execute(
+        "SELECT count(*) FROM django_pgqueue_job WHERE id > %s AND claimed_by = %s",
+        [slow_id, second.id],
+    ).fetchone()[0]
+    assert handed_back >= held_behind
+    # Each ran once, in its first (refunded) attempt.
+    runs = observer.execute(
+        "SELECT j.id, j.attempts, count(l.*) FILTER (WHERE l.event = 'start') "
+        "FROM django_pgqueue_job j LEFT JOIN tests_ledgerentry l ON l.job_id = j.id "
+        "WHERE j.id > %s GROUP BY j.id, j.attempts",
+        [slow_id],
+    ).fetchall()
+    assert len(runs) == 300
+    assert {(attempts, starts) for _, attempts, starts in runs} == {(1, 1)}
