@@ -79,6 +79,7 @@ class Worker:
         self._unknown_reported: dict[int, None] = {}
         self._claim_sent_at = time.monotonic()
         self._adaptive = AdaptivePrefetch(options.prefetch_window, options.batch_size)
+        self._next_hand_back_check = 0.0
         self._retry_policy = RetryPolicy.from_settings()
         self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
         self._control = ConnectionSlot(options.database, f"pgqueue heartbeat {self.id}")
@@ -263,8 +264,10 @@ class Worker:
                     logger.warning("claim failed (%s); retrying", error)
                     self._wake.wait(0.05)
                     continue
+                coroutines: list[InFlight] = []
                 for job in claimed:
-                    self._dispatch(job)
+                    self._dispatch(job, coroutines)
+                self._async.submit_many(coroutines)
                 if full:
                     continue
                 if options.burst and not claimed and held == 0:
@@ -283,7 +286,7 @@ class Worker:
             if self._adaptive.enabled:
                 # Wake up in time to hand back a job that waits too long for a thread.
                 deadlines.extend(
-                    f.claimed_at + self._adaptive.hold_seconds
+                    max(f.claimed_at + self._adaptive.hold_seconds, self._next_hand_back_check)
                     for f in self._flights.values()
                     if f.started_at is None and not f.abandoned
                 )
@@ -300,7 +303,11 @@ class Worker:
         ``hold_seconds`` they go back to the queue (fenced, attempt refunded), keeping the
         oldest ``--prefetch`` ones, which the operator asked this worker to hold.
         """
-        cutoff = time.monotonic() - self._adaptive.hold_seconds
+        now = time.monotonic()
+        if now < self._next_hand_back_check:
+            return  # holds are a second or more: ten looks a second are plenty
+        self._next_hand_back_check = now + 0.1
+        cutoff = now - self._adaptive.hold_seconds
         with self._flights_lock:
             waiting = sorted(
                 (f for f in self._flights.values() if f.started_at is None and not f.abandoned),
@@ -380,7 +387,8 @@ class Worker:
         limits = [share + (queue in bonus) if queue in hungry else 1 for queue in queues]
         return tuple(queues), tuple(masks) if masks else None, limits
 
-    def _dispatch(self, job: ClaimedJob) -> None:
+    def _dispatch(self, job: ClaimedJob, coroutines: list[InFlight]) -> None:
+        """Hand ``job`` to a thread, or add it to ``coroutines`` (started together)."""
         try:
             entry = self._resolver.resolve(job.task_path)
         except UnknownTask as error:
@@ -406,7 +414,7 @@ class Worker:
                 extra=job_extra(job),
             )
         if entry.is_async:
-            self._async.submit(flight)
+            coroutines.append(flight)
         else:
             assert self._pool is not None
             self._pool.submit(flight)

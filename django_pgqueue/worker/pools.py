@@ -112,8 +112,16 @@ class AsyncRunner:
 
     def submit(self, flight: InFlight) -> None:
         """Start ``flight``'s coroutine on the loop."""
-        loop = self._ensure_loop()
-        loop.call_soon_threadsafe(self._start, flight)
+        self.submit_many([flight])
+
+    def submit_many(self, flights: list[InFlight]) -> None:
+        """Start the coroutines of ``flights`` on the loop, with one wake-up of the loop.
+
+        Each wake-up of the loop from another thread is a write to its self-pipe: one
+        per claimed batch, not one per job.
+        """
+        if flights:
+            self._ensure_loop().call_soon_threadsafe(self._start_many, flights)
 
     def cancel(self, flight: InFlight) -> None:
         """Cancel ``flight``'s coroutine if it is running."""
@@ -152,8 +160,9 @@ class AsyncRunner:
             assert self._loop is not None
             return self._loop
 
-    def _start(self, flight: InFlight) -> None:
-        self._tasks[flight.key] = asyncio.ensure_future(self._guarded(flight))
+    def _start_many(self, flights: list[InFlight]) -> None:
+        for flight in flights:
+            self._tasks[flight.key] = asyncio.ensure_future(self._guarded(flight))
 
     def _cancel(self, key: tuple[int, int]) -> None:
         task = self._tasks.get(key)
