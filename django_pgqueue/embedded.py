@@ -46,7 +46,11 @@ _SERVER_SETTINGS = {
     # WAL is still written, so kill -9 and immediate shutdowns recover normally.
     "fsync": "off",
     "synchronous_commit": "off",
-    "full_page_writes": "off",
+    # Full-page images stay on: crash recovery then restores each page touched since the
+    # checkpoint from the WAL, the path every production server takes. With them off,
+    # redo reads whatever the data files hold, and PostgreSQL 18.6's startup process
+    # crashed (signal 11) replaying a test run's WAL after an immediate restart.
+    "full_page_writes": "on",
     "max_connections": "300",
     "listen_addresses": "''",
     "shared_buffers": "256MB",
@@ -136,7 +140,7 @@ class EmbeddedPostgres:
             if self.is_running():
                 return False
             self._ensure_initialized()
-            self._pg_ctl(["start", "-w", "-t", str(int(timeout)), "-l", str(self.logfile)])
+            self._pg_ctl(self._start_args(timeout))
             self._wait_ready(timeout)
             return True
 
@@ -185,7 +189,7 @@ class EmbeddedPostgres:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                self._pg_ctl(["start", "-w", "-t", str(int(timeout)), "-l", str(self.logfile)])
+                self._pg_ctl(self._start_args(timeout))
                 return
             except EmbeddedPostgresError:
                 if self.is_running():
@@ -193,6 +197,12 @@ class EmbeddedPostgres:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+    def _start_args(self, timeout: float) -> list[str]:
+        # The settings go on the command line as well as into the folder's configuration,
+        # so a folder created by an older release runs with the current ones.
+        options = " ".join(f"-c {key}={value}" for key, value in _SERVER_SETTINGS.items())
+        return ["start", "-w", "-t", str(int(timeout)), "-l", str(self.logfile), "-o", options]
 
     def _major_version(self) -> int:
         output = subprocess.run(

@@ -16,10 +16,10 @@ import pytest
 from django.db import connection
 from psycopg.conninfo import make_conninfo
 
-from django_pgqueue.embedded import with_dbname
+from django_pgqueue.embedded import EmbeddedPostgresError, with_dbname
 from django_pgqueue.manager import PsycopgRunner, QueueStore
 from django_pgqueue.pgconn import connect
-from tests.database import embedded_server, ensure_server
+from tests.database import embedded_server, ensure_server, rebuild_embedded_server
 from tests.workers import WorkerProcess
 
 
@@ -42,7 +42,14 @@ def _server_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
     if restarts_ours:
         server = embedded_server()
         if not server.is_running():
-            server.start()
+            try:
+                server.start()
+            except EmbeddedPostgresError as exc:
+                rebuild_embedded_server()
+                pytest.fail(
+                    f"{request.node.nodeid} left the embedded PostgreSQL unable to start; "
+                    f"its data folder was rebuilt for the tests that follow:\n{exc}"
+                )
             pytest.fail(f"{request.node.nodeid} left the embedded PostgreSQL stopped; restarted it")
 
 

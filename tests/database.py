@@ -57,3 +57,32 @@ def ensure_server() -> None:
 def django_database(url: str) -> dict[str, Any]:
     """Translate a libpq URL into the test project's ``DATABASES`` entry."""
     return database_settings(url, TEST={"NAME": os.environ.get("PGQUEUE_TEST_DBNAME") or None})
+
+
+def rebuild_embedded_server() -> None:
+    """Replace the embedded server's data folder with a new one holding the test database.
+
+    For a server that will not start again after a test crashed it (its crash recovery
+    failed): the test that did it fails with the server's log, and the tests after it get
+    a working server instead of failing one by one without a database.
+    """
+    import shutil
+    import time
+
+    import psycopg
+    from django.core.management import call_command
+    from django.db import connections
+    from psycopg import sql
+
+    server = embedded_server()
+    server.kill()
+    deadline = time.monotonic() + 30
+    while server.postmaster_pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    connections.close_all()
+    shutil.rmtree(server.datadir)
+    server.start()
+    name = connections["default"].settings_dict["NAME"]
+    with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    call_command("migrate", database="default", interactive=False, verbosity=0)
