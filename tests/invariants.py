@@ -220,6 +220,10 @@ def load_evidence(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> Evid
     return Evidence(jobs, list(job_ids), ledger, orders)
 
 
+#: How long after a process was killed the server may still run a statement it sent.
+KILL_SLACK = dt.timedelta(seconds=1)
+
+
 def executions(evidence: Evidence, exits: Sequence[ProcessExit]) -> dict[int, list[Execution]]:
     """Group the ledger into executions per job, ordered by start.
 
@@ -245,10 +249,15 @@ def executions(evidence: Evidence, exits: Sequence[ProcessExit]) -> dict[int, li
             execution.end, execution.how = entry["at"], entry["event"]
     for execution in by_lease.values():
         if execution.end is None:
-            ended = [e for e in exits if e.pid == execution.pid and e.at >= execution.start]
+            # A statement the process sent just before it was killed still runs after the
+            # kill, and the server stamps the ledger row then: a start up to KILL_SLACK
+            # after the recorded kill is the last thing that process did.
+            ended = [
+                e for e in exits if e.pid == execution.pid and e.at >= execution.start - KILL_SLACK
+            ]
             if ended:
                 first = min(ended, key=lambda e: e.at)
-                execution.end = first.at
+                execution.end = max(first.at, execution.start)
                 execution.how = "killed" if first.injected else f"process exited ({first.code})"
     grouped: dict[int, list[Execution]] = defaultdict(list)
     for execution in by_lease.values():
