@@ -167,7 +167,7 @@ class WorkerFleet:
         # The names the worker gives its connections (cut to PostgreSQL's 63 characters).
         names = [
             f"pgqueue {kind} {worker_id}"[:63]
-            for kind in ("dispatcher", "heartbeat", "listener", "housekeeping")
+            for kind in ("dispatcher", "recorder", "heartbeat", "listener", "housekeeping")
         ]
         at = utcnow()
         terminated = db.execute(

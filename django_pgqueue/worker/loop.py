@@ -1,9 +1,11 @@
 """The worker: claim, run, record, repeat; recover from faults; shut down cleanly.
 
-The dispatcher (this module, in the calling thread) owns the claim/record connection.
-It claims batches sized to free capacity, hands jobs to the thread pool or the event
-loop, and records outcomes in batches with fenced writes. Around it run the listener
-(wake-ups), the heartbeat (leases, registry, ring, statistics) and the housekeeper.
+The dispatcher (this module, in the calling thread) owns the claim connection. It claims
+batches sized to free capacity and hands jobs to the thread pool or the event loop. The
+recorder thread, on a connection of its own, writes outcomes in batches with fenced
+writes while the next claim is under way: a claim never waits behind a completion, nor a
+completion behind a claim. Around them run the listener (wake-ups), the heartbeat
+(leases, registry, ring, statistics) and the housekeeper.
 
 Signal handlers only set flags and wake the dispatcher; all shutdown work happens in the
 loop, never inside a handler (which could interrupt a COMMIT).
@@ -67,6 +69,15 @@ class Worker:
         self._flights: dict[tuple[int, int], InFlight] = {}
         self._flights_lock = threading.Lock()
         self._undelivered: list[Outcome] = []
+        # Held by whoever writes outcomes: the recorder thread, or the dispatcher once
+        # the recorder has stopped (shutdown).
+        self._record_lock = threading.Lock()
+        self._recorder: threading.Thread | None = None
+        self._recorder_stop = threading.Event()
+        self._recorder_error: BaseException | None = None
+        # While the recorder runs it wakes the dispatcher after each write (capacity came
+        # free); without it (shutdown), each delivered outcome does.
+        self._wake_on_deliver = True
         self._masks: tuple[str | None, ...] | None = None
         self._counts: dict[str, list[int]] = {}
         self._counts_lock = threading.Lock()
@@ -82,6 +93,7 @@ class Worker:
         self._next_hand_back_check = 0.0
         self._retry_policy = RetryPolicy.from_settings()
         self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
+        self._recorder_slot = ConnectionSlot(options.database, f"pgqueue recorder {self.id}")
         self._control = ConnectionSlot(options.database, f"pgqueue heartbeat {self.id}")
         # Step writes of async tasks: never on the heartbeat's connection, so a step
         # write cannot delay a lease extension, nor wait for one.
@@ -220,6 +232,11 @@ class Worker:
         )
         self._listener.start()
         self._heartbeat.start()
+        self._recorder = threading.Thread(
+            target=self._record_forever, name=f"pgqueue recorder {self.id}", daemon=True
+        )
+        self._wake_on_deliver = False
+        self._recorder.start()
         if options.housekeeping:
             self._housekeeper = Housekeeper(
                 alias=options.database,
@@ -237,9 +254,8 @@ class Worker:
         options = self.options
         while not self._stop_requests:
             self._wake.clear()
-            if not self._record_outcomes():
-                self._wake.wait(0.2)  # the database is unreachable: retry soon
-                continue
+            if self._recorder_error is not None:
+                raise self._recorder_error
             self._enforce_deadlines()
             if self._adaptive.enabled:
                 self._hand_back_stale()
@@ -471,15 +487,52 @@ class Worker:
     def _deliver(self, outcome: Outcome) -> None:
         outcome.flight.busy = False
         self._outcomes.put(outcome)
-        self._wake.set()
+        if self._wake_on_deliver:
+            self._wake.set()
 
     # ------------------------------------------------------------------ recording
+    def _record_forever(self) -> None:
+        """The recorder thread: write outcomes as they arrive, in batches.
+
+        Outcomes that arrive while a write is under way go in the next one, so the batch
+        grows with the rate. An error that is not the database's (a bug) stops the
+        worker as it would have in the dispatcher: the dispatcher re-raises it.
+        """
+        try:
+            while not self._recorder_stop.is_set():
+                first = None
+                if not self._undelivered:
+                    try:
+                        first = self._outcomes.get(timeout=0.1)
+                    except Empty:
+                        continue
+                with self._record_lock:
+                    if first is not None:
+                        self._undelivered.append(first)  # before those queued behind it
+                    recorded = self._record_outcomes()
+                self._wake.set()  # capacity came free: the dispatcher may claim
+                if not recorded:
+                    self._recorder_stop.wait(0.2)  # the database is unreachable: retry soon
+        except BaseException as error:
+            logger.exception("worker %s: the recorder failed", self.id)
+            self._recorder_error = error
+            self._wake.set()
+
+    def _stop_recorder(self) -> None:
+        """Stop the recorder thread after its current write; outcomes then wake the loop."""
+        self._wake_on_deliver = True
+        self._recorder_stop.set()
+        if self._recorder is not None:
+            # A write to a server that stopped answering ends at the connection's
+            # timeouts; until then, _record_lock keeps the dispatcher's writes apart.
+            self._recorder.join(self.options.grace_seconds)
+
     def _record_outcomes(self) -> bool:
         """Write every delivered outcome; return False if the database was unreachable.
 
         Recording never crashes the worker: an outcome the database refuses is written
         on its own, made storable, and as a last resort recorded as a failure of that
-        job alone (see _write_one).
+        job alone (see _write_one). Call with ``_record_lock`` held.
         """
         outcomes = self._undelivered
         self._undelivered = []
@@ -494,7 +547,7 @@ class Worker:
         for outcome in outcomes:
             self._settle_timeout(outcome)
         try:
-            self._slot.run(lambda store: self._write_outcomes(store, outcomes))
+            self._recorder_slot.run(lambda store: self._write_outcomes(store, outcomes))
         except CONNECTION_ERRORS as error:
             logger.warning("recording %d outcomes failed (%s); will retry", len(outcomes), error)
             self._undelivered = [outcome for outcome in outcomes if not outcome.written]
@@ -833,6 +886,7 @@ class Worker:
         crashes its worker every time still reaches dead_letter within max_attempts.
         """
         grace_ends = time.monotonic() + self.options.grace_seconds
+        self._stop_recorder()
         self.status = WorkerStatus.DRAINING
         self._set_registry_status(WorkerStatus.DRAINING)
         with self._flights_lock:
@@ -885,12 +939,14 @@ class Worker:
             if component is not None:
                 component.join(1)
         self._slot.close()
+        self._recorder_slot.close()
         self._control.close()
         self._steps.close()
 
     def _record_outcomes_at_exit(self) -> None:
         try:
-            self._record_outcomes()
+            with self._record_lock:
+                self._record_outcomes()
         except Exception:
             logger.exception("worker %s: recording outcomes at shutdown failed", self.id)
 

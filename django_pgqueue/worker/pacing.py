@@ -13,6 +13,7 @@ has waited that long for a thread is handed back to the queue (see ``Worker``).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 
@@ -31,6 +32,8 @@ class AdaptivePrefetch:
         self.cap = cap
         self._finished: deque[tuple[float, int]] = deque()
         self._total = 0
+        # The recorder thread reports finished jobs while the dispatcher asks for extra.
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -51,17 +54,19 @@ class AdaptivePrefetch:
         if count <= 0 or not self.enabled:
             return
         now = time.monotonic() if now is None else now
-        self._finished.append((now, count))
-        self._total += count
-        self._expire(now)
+        with self._lock:
+            self._finished.append((now, count))
+            self._total += count
+            self._expire(now)
 
     def extra(self, now: float | None = None) -> int:
         """Return how many jobs to hold beyond the free threads and the fixed prefetch."""
         if not self.enabled:
             return 0
         now = time.monotonic() if now is None else now
-        self._expire(now)
-        rate = self._total / _HORIZON
+        with self._lock:
+            self._expire(now)
+            rate = self._total / _HORIZON
         return min(self.cap, int(rate * self.window))
 
     def _expire(self, now: float) -> None:

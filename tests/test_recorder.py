@@ -1,0 +1,146 @@
+"""The recorder thread: outcomes are written on a connection of their own.
+
+A completion that waits (on a row lock, a slow server) must not stop the dispatcher from
+claiming and starting other jobs, and an error in the recorder that is not the
+database's must stop the worker as one in the dispatcher does, not leave it claiming
+jobs whose outcomes nobody writes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+
+from django_pgqueue.manager import JobSpec
+from django_pgqueue.models import Job
+from django_pgqueue.worker import Worker, WorkerOptions
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def in_process_ledger() -> Any:
+    """Close the ledger connection the in-process handlers opened."""
+    from tests import ledger
+
+    yield ledger
+    if ledger._connection is not None:
+        ledger._connection.close()
+        ledger._connection = None
+
+
+def _poll(what: str, check: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting until {what}")
+
+
+def _options(**changes: Any) -> WorkerOptions:
+    return WorkerOptions.from_settings(
+        handle_signals=False, housekeeping=False, schedules=False, **changes
+    )
+
+
+def test_a_completion_waiting_on_a_lock_does_not_hold_up_the_next_claim(
+    db_url,
+    observer: psycopg.Connection[Any],
+    open_connection: Callable[..., psycopg.Connection[Any]],
+    in_process_ledger: Any,
+):
+    first = Job.objects.enqueue("tests.tasks.ledger_sleep", kwargs={"seconds": 1.0})
+    worker = Worker(_options(concurrency=2, prefetch_window=0))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    blocker = open_connection(prepare=False)
+    try:
+        _poll(
+            "the first job starts",
+            lambda: observer.execute(
+                "SELECT 1 FROM tests_ledgerentry WHERE job_id = %s AND event = 'start'",
+                [first.id],
+            ).fetchone(),
+        )
+        # While its handler sleeps, another session locks the job's row: its completion
+        # will wait for that lock.
+        blocker.execute("BEGIN")
+        blocker.execute("SELECT 1 FROM django_pgqueue_job WHERE id = %s FOR UPDATE", [first.id])
+        _poll(
+            "the completion waits on the locked row",
+            lambda: observer.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE %s AND wait_event_type = 'Lock'",
+                [f"pgqueue % {worker.id}"[:63]],
+            ).fetchone(),
+        )
+        second = Job.objects.enqueue("tests.tasks.ledger_sleep", kwargs={"label": "b"})
+        _poll(
+            "the second job runs while the first one's completion waits",
+            lambda: observer.execute(
+                "SELECT 1 FROM tests_ledgerentry WHERE job_id = %s AND event = 'end'",
+                [second.id],
+            ).fetchone(),
+        )
+        assert observer.execute(
+            "SELECT status FROM django_pgqueue_job WHERE id = %s", [first.id]
+        ).fetchone() == ("processing",)
+        blocker.execute("ROLLBACK")
+        _poll(
+            "both jobs are recorded once the lock is gone",
+            lambda: observer.execute(
+                "SELECT count(*) = 2 FROM django_pgqueue_job "
+                "WHERE id = ANY(%s) AND status = 'succeeded'",
+                [[first.id, second.id]],
+            ).fetchone()[0],
+        )
+    finally:
+        if blocker.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            blocker.execute("ROLLBACK")
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert worker.processed == 2
+
+
+class _RecorderBug(Exception):
+    pass
+
+
+def test_an_error_in_the_recorder_stops_the_worker_like_one_in_the_dispatcher(
+    db_url, observer: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+):
+    def broken(self: Worker, store: Any, outcomes: list[Any]) -> None:
+        raise _RecorderBug("a bug while writing outcomes")
+
+    monkeypatch.setattr(Worker, "_write_outcomes", broken)
+    jobs = Job.objects.enqueue_many([JobSpec("tests.tasks.add", args=[n, 1]) for n in range(3)])
+    worker = Worker(_options(concurrency=1))
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the worker kept running without a recorder"
+    assert len(raised) == 1
+    assert isinstance(raised[0], _RecorderBug)
+    # Nothing was recorded: the jobs it ran are left to their leases (attempt counted),
+    # not released to run again at once.
+    statuses = observer.execute(
+        "SELECT DISTINCT status FROM django_pgqueue_job WHERE id = ANY(%s)",
+        [[job.id for job in jobs]],
+    ).fetchall()
+    assert ("succeeded",) not in statuses
