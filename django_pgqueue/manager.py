@@ -1775,6 +1775,11 @@ def _validated(
         raise InvalidOption(f"jobs[{position}].{error.option}", error.reason) from None
 
 
+# Computed once: ``BlockerFailure.values`` builds a new list on every access, and this
+# check runs for every job of a bulk enqueue.
+_BLOCKER_FAILURES = frozenset(BlockerFailure.values)
+
+
 def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
     task_path = spec.task_path
     if not isinstance(task_path, str) or not task_path:
@@ -1832,7 +1837,7 @@ def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
         raise InvalidOption("after", "cannot be combined with an idempotency key (yet)")
     if after and spec.coalesce_key is not None:
         raise InvalidOption("after", "cannot be combined with a coalesce key")
-    if spec.on_blocker_failure not in BlockerFailure.values:
+    if spec.on_blocker_failure not in _BLOCKER_FAILURES:
         raise InvalidOption(
             "on_blocker_failure",
             f"must be one of {', '.join(BlockerFailure.values)}, not {spec.on_blocker_failure!r}",
