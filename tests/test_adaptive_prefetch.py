@@ -211,3 +211,48 @@ def test_jobs_held_behind_a_slow_handler_are_handed_back_to_another_worker(
     ).fetchall()
     assert len(runs) == 300
     assert {(attempts, starts) for _, attempts, starts in runs} == {(1, 1)}
+
+
+def test_a_job_handed_back_and_claimed_again_by_the_same_worker_runs_once(
+    db_url, observer: psycopg.Connection[Any], in_process_ledger: Any
+):
+    # One worker alone: the jobs it hands back while its slow job runs come back to it
+    # once that job ends, under a new lease generation. The withdrawn attempt's entry
+    # (same job id, older generation) must neither run the job nor end the new attempt.
+    specs = [JobSpec("tests.tasks.ledger_sleep", kwargs={"label": "warm"}) for _ in range(400)]
+    specs.append(JobSpec("tests.tasks.ledger_sleep", kwargs={"seconds": 3, "label": "slow"}))
+    specs += [JobSpec("tests.tasks.ledger_sleep", kwargs={"label": "behind"}) for _ in range(200)]
+    slow_id = Job.objects.enqueue_many(specs)[400].id
+    worker = Worker(
+        WorkerOptions.from_settings(
+            burst=False, handle_signals=False, concurrency=1, prefetch=0, prefetch_window=0.05
+        )
+    )
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            left = observer.execute(
+                "SELECT count(*) FROM django_pgqueue_job WHERE status <> 'succeeded' AND id >= %s",
+                [slow_id],
+            ).fetchone()[0]
+            if not left:
+                break
+            time.sleep(0.05)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert left == 0
+    runs = observer.execute(
+        "SELECT j.id, j.attempts, j.lease_generation, j.claimed_by, "
+        "count(l.*) FILTER (WHERE l.event = 'start'), count(l.*) FILTER (WHERE l.event = 'end') "
+        "FROM django_pgqueue_job j LEFT JOIN tests_ledgerentry l ON l.job_id = j.id "
+        "WHERE j.id > %s GROUP BY j.id",
+        [slow_id],
+    ).fetchall()
+    assert len(runs) == 200
+    regained = [run for run in runs if run[2] > 1]
+    assert regained, "no job was handed back while the slow one ran"
+    for _, attempts, _, claimed_by, starts, ends in runs:
+        assert (attempts, starts, ends, claimed_by) == (1, 1, 1, worker.id)
