@@ -253,7 +253,8 @@ class PgQueueBackend(BaseTaskBackend):
     ) -> list[TaskResult]:  # type: ignore[type-arg]
         """Insert one job per ``(args, kwargs)`` with a single statement."""
         self.validate_task(task)
-        specs = [self._spec(task, args, kwargs) for args, kwargs in calls]
+        options = self._spec_options(task)
+        specs = [JobSpec(args=args, kwargs=kwargs, **options) for args, kwargs in calls]
         with self._schema_errors():
             outcomes = self._store().enqueue_many(specs)
         results = []
@@ -284,25 +285,29 @@ class PgQueueBackend(BaseTaskBackend):
             raise
 
     def _spec(self, task: Task, args: Any, kwargs: Any) -> JobSpec:  # type: ignore[type-arg]
+        return JobSpec(args=args, kwargs=kwargs, **self._spec_options(task))
+
+    def _spec_options(self, task: Task) -> dict[str, Any]:  # type: ignore[type-arg]
+        """Return the :class:`JobSpec` fields ``task`` gives every job (all but arguments)."""
         options = task if isinstance(task, PgQueueTask) else None
-        return JobSpec(
-            task_path=task.module_path,
-            queue=task.queue_name,
-            args=args,
-            kwargs=kwargs,
-            priority=task.priority,
-            max_attempts=options.max_attempts if options else None,
-            available_at=task.run_after,
-            idempotency_key=options.idempotency_key if options else None,
-            partition_key=options.partition_key if options else None,
-            coalesce_key=options.coalesce_key if options else None,
-            debounce=options.debounce if options else None,
-            after=options.after if options else (),
-            on_blocker_failure=options.on_blocker_failure if options else BlockerFailure.CANCEL,
-            concurrency_key=options.concurrency_key if options else None,
-            concurrency_limit=options.concurrency_limit if options else None,
-            rate_limit=options.rate_limit if options else None,
-        )
+        return {
+            "task_path": task.module_path,
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "max_attempts": options.max_attempts if options else None,
+            "available_at": task.run_after,
+            "idempotency_key": options.idempotency_key if options else None,
+            "partition_key": options.partition_key if options else None,
+            "coalesce_key": options.coalesce_key if options else None,
+            "debounce": options.debounce if options else None,
+            "after": options.after if options else (),
+            "on_blocker_failure": (
+                options.on_blocker_failure if options else BlockerFailure.CANCEL
+            ),
+            "concurrency_key": options.concurrency_key if options else None,
+            "concurrency_limit": options.concurrency_limit if options else None,
+            "rate_limit": options.rate_limit if options else None,
+        }
 
     # ------------------------------------------------------------------ results
     def get_result(self, result_id: str) -> TaskResult:  # type: ignore[type-arg]

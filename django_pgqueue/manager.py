@@ -13,7 +13,7 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -834,7 +834,7 @@ class QueueStore:
         if not specs:
             return []
         defaults = _Defaults.read()
-        prepared = [_validated(spec, defaults, position=index) for index, spec in enumerate(specs)]
+        prepared = _validated_many(specs, defaults)
         dependencies = [(p.pop("after"), p.pop("on_blocker_failure")) for p in prepared]
         if any(spec.coalesce_key is not None for spec in specs):
             plain = [index for index, spec in enumerate(specs) if spec.coalesce_key is None]
@@ -1755,13 +1755,21 @@ class _Defaults:
 
 
 def _validated(
-    spec: JobSpec, defaults: _Defaults, *, position: int | None = None
+    spec: JobSpec,
+    defaults: _Defaults,
+    *,
+    position: int | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Return the statement parameters of ``spec``; raise naming the bad field.
 
     In a batch, the field is prefixed with the spec's position (``jobs[3].args[0]``).
+    ``options`` are the checked parameters of an earlier spec with the same options
+    (:func:`_options_shape`): then only the arguments and idempotency key are checked.
     """
     try:
+        if options is not None:
+            return _with_arguments(spec, defaults, options)
         return _checked(spec, defaults)
     except PayloadTooLarge:
         raise
@@ -1773,6 +1781,69 @@ def _validated(
         if position is None:
             raise
         raise InvalidOption(f"jobs[{position}].{error.option}", error.reason) from None
+
+
+def _validated_many(specs: Sequence[JobSpec], defaults: _Defaults) -> list[dict[str, Any]]:
+    """Return the statement parameters of every spec, checking each set of options once.
+
+    The specs of one ``Task.enqueue_many`` call share every option and differ only in
+    their arguments (and perhaps idempotency keys), so the option checks (lengths, text,
+    limits, flow settings, traceparent) run once per distinct set rather than per job.
+    """
+    checked: dict[tuple[Any, ...], dict[str, Any]] = {}
+    prepared = []
+    for position, spec in enumerate(specs):
+        shape = _options_shape(spec)
+        options = None if shape is None else checked.get(shape)
+        params = _validated(spec, defaults, position=position, options=options)
+        if shape is not None and options is None:
+            checked[shape] = dict(params)  # the caller pops from what it gets
+        prepared.append(params)
+    return prepared
+
+
+#: The fields whose checks do not depend on the job's arguments or idempotency key.
+_OPTION_FIELDS = tuple(
+    spec_field.name
+    for spec_field in fields(JobSpec)
+    if spec_field.name not in ("args", "kwargs", "idempotency_key")
+)
+
+
+def _options_shape(spec: JobSpec) -> tuple[Any, ...] | None:
+    """Return a key equal for specs whose options check the same way, or None.
+
+    Each value is paired with its type, since ``True == 1`` and ``1.0 == 1`` but only
+    one of each pair is valid. Dependencies and coalescing are checked together with the
+    idempotency key, so specs carrying them are always checked in full.
+    """
+    if spec.after or spec.coalesce_key is not None or spec.debounce is not None:
+        return None
+    shape = tuple((type(value), value) for value in map(spec.__getattribute__, _OPTION_FIELDS))
+    try:
+        hash(shape)
+    except TypeError:  # an unhashable option value: check it the long way
+        return None
+    return shape
+
+
+def _with_arguments(
+    spec: JobSpec, defaults: _Defaults, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Return ``options`` (another spec's checked parameters) with ``spec``'s own parts.
+
+    The same checks as :func:`_checked` makes of them, in the same order.
+    """
+    idempotency_key = spec.idempotency_key
+    if idempotency_key is not None:
+        check_key("idempotency_key", idempotency_key, max_length=KEY_MAX_LENGTH)
+    args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
+    return {
+        **options,
+        "args": args_json,
+        "kwargs": kwargs_json,
+        "idempotency_key": idempotency_key,
+    }
 
 
 # Computed once: ``BlockerFailure.values`` builds a new list on every access, and this
@@ -1921,33 +1992,52 @@ def _traceparent(given: str | None, defaults: _Defaults) -> str | None:
 def _jobs_document(prepared: list[dict[str, Any]]) -> str:
     """Return the jobs as one JSON document, ``[[queue, task_path, args, ...], ...]``.
 
-    Arguments are JSON already and are spliced in as they are; strings repeated across
-    the batch (queue, task path) are encoded once.
+    Arguments are JSON already and are spliced in as they are. The rest of a row is the
+    same for every job of a ``Task.enqueue_many`` call (bar an idempotency key), so each
+    distinct head and tail is encoded once.
     """
-    encoded: dict[str | None, str] = {None: "null"}
-
-    def text(value: str | None) -> str:
-        found = encoded.get(value)
-        if found is None:
-            found = encoded[value] = json.dumps(value)
-        return found
-
+    heads: dict[tuple[str, str], str] = {}
+    tails: dict[tuple[Any, ...], str] = {}
     parts = []
     for p in prepared:
-        available_at = p["available_at"]
-        bucket = p["partition_bucket"]
-        parts.append(
-            f"[{text(p['queue'])},{text(p['task_path'])},{p['args']},{p['kwargs']},"
-            f"{p['priority']},{p['max_attempts']},"
-            f"{'null' if available_at is None else json.dumps(available_at.isoformat())},"
-            f"{text(p['idempotency_key'])},{text(p['partition_key'])},"
-            f"{'null' if bucket is None else bucket},{text(p['traceparent'])},"
-            f"{text(p['concurrency_key'])},"
-            f"{'null' if p['concurrency_limit'] is None else p['concurrency_limit']},"
-            f"{'null' if p['rate_limit'] is None else p['rate_limit']},"
-            f"{'null' if p['rate_period'] is None else p['rate_period']}]"
+        head_key = (p["queue"], p["task_path"])
+        head = heads.get(head_key)
+        if head is None:
+            head = heads[head_key] = f"[{json.dumps(head_key[0])},{json.dumps(head_key[1])},"
+        tail_key = (
+            p["priority"],
+            p["max_attempts"],
+            p["available_at"],
+            p["idempotency_key"],
+            p["partition_key"],
+            p["partition_bucket"],
+            p["traceparent"],
+            p["concurrency_key"],
+            p["concurrency_limit"],
+            p["rate_limit"],
+            p["rate_period"],
         )
+        tail = tails.get(tail_key)
+        if tail is None:
+            tail = tails[tail_key] = _row_tail(tail_key)
+        parts.append(f"{head}{p['args']},{p['kwargs']},{tail}")
     return "[" + ",".join(parts) + "]"
+
+
+def _row_tail(values: tuple[Any, ...]) -> str:
+    """Encode a row's fields after its arguments (see :func:`_jobs_document`)."""
+    available_at = values[2]
+    return (
+        json.dumps(
+            [
+                *values[:2],
+                None if available_at is None else available_at.isoformat(),
+                *values[3:],
+            ],
+            separators=(",", ":"),
+        )[1:-1]
+        + "]"
+    )
 
 
 def _new_snapshot(
