@@ -140,6 +140,8 @@ class BenchConfig:
     repeat: int = 3
     prefill: int = 0
     single_enqueues: int = 2_000
+    #: Rows each raw-SQL ceiling claims (see :func:`_ceilings`); 0 skips them.
+    ceiling_jobs: int = 20_000
     latency_jobs: int = 200
     latency_rate: float = 20.0
     memory_jobs: int = 0
@@ -168,6 +170,9 @@ class BenchReport:
     #: The same connection committing one plain INSERT per transaction: the floor set
     #: by the server's commit latency, which no enqueue can beat.
     single_insert_floor_per_second: float = 0.0
+    #: What the server allows on this table, one connection, no Python in between:
+    #: keyed "claim_10", "claim_100" and "claim_complete_100" (see :func:`_ceilings`).
+    ceilings_per_second: dict[str, float] = field(default_factory=dict)
     bulk_enqueue_per_second: list[float] = field(default_factory=list)
     drain_per_second: list[float] = field(default_factory=list)
     drain_wall_seconds: list[float] = field(default_factory=list)
@@ -220,6 +225,14 @@ class BenchReport:
             f"  drain:                             {self.drain_median:>10,.0f} jobs/s  "
             f"(runs: {', '.join(f'{v:,.0f}' for v in self.drain_per_second)})",
         ]
+        if self.ceilings_per_second:
+            ceiling = self.ceilings_per_second
+            lines.append(
+                f"  raw SQL ceilings, one connection: claim 10 per statement "
+                f"{ceiling['claim_10']:,.0f}, claim 100 {ceiling['claim_100']:,.0f}, "
+                f"claim + fenced completion 100 {ceiling['claim_complete_100']:,.0f} jobs/s "
+                f"(drain = {self.drain_median / ceiling['claim_complete_100']:.2f} of the last)"
+            )
         if self.latency_ms:
             lat = self.latency_ms
             lines.append(
@@ -264,6 +277,9 @@ def run_benchmark(
         report.single_enqueue_per_second = _single_enqueues(config, atomic=False)
         report.single_enqueue_atomic_per_second = _single_enqueues(config, atomic=True)
         _delete_pending(conn, config)
+        if config.ceiling_jobs:
+            progress(f"raw SQL ceilings: {config.ceiling_jobs:,} rows each")
+            report.ceilings_per_second = _ceilings(config)
         for run in range(config.repeat):
             progress(f"run {run + 1}/{config.repeat}: enqueue {config.jobs:,} jobs")
             first_id, rate = _bulk_enqueue(config, config.jobs)
@@ -373,6 +389,102 @@ INSERT INTO django_pgqueue_job (
 )
 VALUES (%s, 'floor', '[]', '{}', 0, 'pending', 0, 1, 0, now(), now(), '[]')
 """
+
+
+#: The raw-SQL ceilings' rows: enough for the claim's index, nothing a worker would run.
+_CEILING_FILL = """
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, available_at, created_at, errors
+)
+SELECT %(queue)s, 'ceiling', '[]', '{}', 0, 'pending', 0, 1, 0, now(), now(), '[]'
+FROM generate_series(1, %(rows)s)
+"""
+
+#: The claim reduced to what no claim can skip: the same index (pgq_job_claim) and
+#: order, SKIP LOCKED, and the lease columns. None of claim_batch's pause, partition
+#: and limit checks, and no decoding of the rows.
+_CEILING_CLAIM = """
+WITH picked AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'pending'
+      AND job.partition_key IS NULL
+      AND job.concurrency_key IS NULL
+      AND job.queue = %(queue)s
+      AND job.available_at <= now()
+    ORDER BY job.priority DESC, job.available_at, job.id
+    LIMIT %(limit)s
+    FOR UPDATE OF job SKIP LOCKED
+)
+UPDATE django_pgqueue_job AS job
+SET status = 'processing',
+    attempts = job.attempts + 1,
+    lease_generation = job.lease_generation + 1,
+    claimed_by = 'queuebench ceiling',
+    claimed_at = now(),
+    started_at = now(),
+    lease_expires_at = now() + interval '5 minutes'
+WHERE job.id = ANY (ARRAY(SELECT picked.id FROM picked))
+RETURNING job.id, job.lease_generation
+"""
+
+#: A completion fenced per job as the worker's is (id, lease generation, holder,
+#: status), without its lock ordering or its partition and limit refreshes.
+_CEILING_COMPLETE = """
+UPDATE django_pgqueue_job AS job
+SET status = 'succeeded', result = 'null', finished_at = now(), lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS done (id, lease_generation)
+WHERE job.id = done.id
+  AND job.lease_generation = done.lease_generation
+  AND job.claimed_by = 'queuebench ceiling'
+  AND job.status = 'processing'
+"""
+
+
+def _ceilings(config: BenchConfig) -> dict[str, float]:
+    """Return what the server allows on this table: jobs per second, one connection.
+
+    Each ceiling claims ``config.ceiling_jobs`` fresh rows with hand-written SQL in a
+    loop (10 or 100 per statement; the last one also completes each batch), so the
+    drain can be read against what the same server and table allow in the same run.
+    The connection prepares its statements, as a worker's does.
+    """
+    with connect(config.database, application_name="queuebench ceilings") as conn:
+        return _ceiling_rates(conn, config)
+
+
+def _ceiling_rates(conn: Any, config: BenchConfig) -> dict[str, float]:
+    rates = {}
+    for name, limit, complete in (
+        ("claim_10", 10, False),
+        ("claim_100", 100, False),
+        ("claim_complete_100", 100, True),
+    ):
+        conn.execute(_CEILING_FILL, {"queue": config.queue, "rows": config.ceiling_jobs})
+        conn.execute("VACUUM ANALYZE django_pgqueue_job")
+        claimed = 0
+        started = time.perf_counter()
+        while rows := conn.execute(
+            _CEILING_CLAIM, {"queue": config.queue, "limit": limit}
+        ).fetchall():
+            claimed += len(rows)
+            if complete:
+                conn.execute(
+                    _CEILING_COMPLETE,
+                    {"ids": [row[0] for row in rows], "generations": [row[1] for row in rows]},
+                )
+        elapsed = time.perf_counter() - started
+        conn.execute(
+            "DELETE FROM django_pgqueue_job WHERE queue = %s AND task_path = 'ceiling'",
+            [config.queue],
+        )
+        if claimed != config.ceiling_jobs:
+            raise BenchmarkError(
+                f"the {name} ceiling claimed {claimed} of {config.ceiling_jobs} rows"
+            )
+        rates[name] = claimed / elapsed
+    return rates
 
 
 def _in_queue(bench_task: Task, queue: str) -> Task:  # type: ignore[type-arg]

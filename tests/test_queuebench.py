@@ -15,6 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from django_pgqueue.bench import _CEILING_CLAIM, _CEILING_FILL, _PREFILL_SQL
 from tests.database import REPO
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,9 +51,12 @@ def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, obser
         db_url,
         *("--jobs", "400", "--repeat", "2", "--processes", "2", "--prefill", "500"),
         *("--single-enqueues", "30", "--latency-jobs", "10", "--latency-rate", "50"),
-        *("--io-jobs", "0"),
+        *("--io-jobs", "0", "--ceiling-jobs", "250"),
     )
     assert report["config"]["task_path"] == "django_pgqueue.bench.noop"
+    ceilings = report["ceilings_per_second"]
+    assert set(ceilings) == {"claim_10", "claim_100", "claim_complete_100"}
+    assert all(rate > 0 for rate in ceilings.values())
     assert len(report["drain_per_second"]) == 2
     assert len(report["bulk_enqueue_per_second"]) == 2
     assert all(rate > 0 for rate in report["drain_per_second"] + report["bulk_enqueue_per_second"])
@@ -73,7 +77,7 @@ def test_the_text_report_names_each_figure(db_url):
     done = _queuebench(
         db_url,
         *("--jobs", "200", "--repeat", "1", "--single-enqueues", "10", "--latency-jobs", "0"),
-        *("--io-jobs", "100"),
+        *("--io-jobs", "100", "--ceiling-jobs", "120"),
     )
     assert done.returncode == 0, done.stderr
     for label in (
@@ -85,6 +89,8 @@ def test_the_text_report_names_each_figure(db_url):
         "2 processes x concurrency 10, batch 100, prefetch 0, prefetch window 0.05s",
         "drain:",
         "task: django_pgqueue.bench.noop",
+        "raw SQL ceilings, one connection: claim 10 per statement",
+        "claim + fenced completion 100",
     ):
         assert label in done.stdout, done.stdout
 
@@ -94,7 +100,7 @@ def test_a_given_task_runs_with_its_arguments(db_url, observer):
         db_url,
         *("--task", "tests.tasks.add", "--args", "[2]", "--kwargs", '{"b": 3}', "--keep"),
         *("--jobs", "150", "--repeat", "2", "--single-enqueues", "5", "--latency-jobs", "0"),
-        *("--io-jobs", "0"),
+        *("--io-jobs", "0", "--ceiling-jobs", "0"),
     )
     assert report["config"]["task_path"] == "tests.tasks.add"
     assert report["config"]["args"] == [2]
@@ -112,7 +118,7 @@ def test_worker_memory_is_sampled_across_the_run(db_url):
     report = _report(
         db_url,
         *("--jobs", "100", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
-        *("--memory-jobs", "20000", "--io-jobs", "0"),
+        *("--memory-jobs", "20000", "--io-jobs", "0", "--ceiling-jobs", "0"),
     )
     memory = report["memory_rss_mb"]
     assert memory["first"] > 0
@@ -135,6 +141,7 @@ def test_worker_memory_is_sampled_across_the_run(db_url):
         (("--args", "[1"), "--args is not valid JSON"),
         (("--prefetch-window", "61"), "--prefetch-window must be 0 to 60 seconds"),
         (("--io-jobs", "-1"), "--io-jobs must be 0 or more"),
+        (("--ceiling-jobs", "-1"), "--ceiling-jobs must be 0 or more"),
         (("--profile", "fastest"), "invalid choice: 'fastest'"),
         (("--args", '{"a": 1}'), "--args must be a JSON list"),
         (("--kwargs", "[]"), "--kwargs must be a JSON object"),
@@ -152,7 +159,7 @@ def test_a_task_that_fails_makes_the_run_fail_with_a_count(db_url):
     done = _queuebench(
         db_url,
         *("--task", "tests.tasks.always_fails", "--jobs", "50", "--repeat", "1"),
-        *("--single-enqueues", "0", "--latency-jobs", "0", "--io-jobs", "0"),
+        *("--single-enqueues", "0", "--latency-jobs", "0", "--io-jobs", "0", "--ceiling-jobs", "0"),
     )
     assert done.returncode == 1, done.stderr
     assert "queuebench failed: only 0 of 50 benchmark jobs succeeded (50 did not" in done.stderr
@@ -163,6 +170,7 @@ def test_the_workers_run_with_the_settings_runqueueworker_would_use(db_url):
     done = subprocess.run(
         [
             *(sys.executable, "-m", "tests.manage", "queuebench", "--json", "--io-jobs", "0"),
+            *("--ceiling-jobs", "0"),
             *("--jobs", "100", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
         ],
         cwd=REPO,
@@ -187,7 +195,7 @@ def test_the_tuned_profile_and_explicit_options(db_url):
     report = _report(
         db_url,
         *("--profile", "tuned", "--prefetch", "50", "--jobs", "100", "--repeat", "1"),
-        *("--single-enqueues", "0", "--latency-jobs", "0", "--io-jobs", "0"),
+        *("--single-enqueues", "0", "--latency-jobs", "0", "--io-jobs", "0", "--ceiling-jobs", "0"),
     )
     config = report["config"]
     # The profile's settings, except the one given explicitly.
@@ -215,3 +223,29 @@ def test_io_bound_runs_report_sync_and_async_rates(db_url, observer):
         "django_pgqueue.bench.io_sync": 200,
         "django_pgqueue.bench.io_async": 200,
     }
+
+
+def test_the_claim_ceiling_walks_the_claims_own_index(observer):
+    # The ceiling is only a ceiling of *our* claim if it reads the rows the same way: a
+    # plan that sorted every pending row would make the drain look close to it.
+    observer.execute(_CEILING_FILL, {"queue": QUEUE, "rows": 5000})
+    observer.execute(_PREFILL_SQL, {"queue": QUEUE, "rows": 20000})
+    observer.execute("ANALYZE django_pgqueue_job")
+    plan = observer.execute(
+        "EXPLAIN (FORMAT JSON) " + _CEILING_CLAIM, {"queue": QUEUE, "limit": 100}
+    ).fetchone()[0]
+    nodes = list(_walk(plan[0]["Plan"]))
+    scans = [
+        (node["Node Type"], node.get("Index Name"))
+        for node in nodes
+        if node.get("Relation Name") == "django_pgqueue_job"
+    ]
+    assert ("Index Scan", "pgq_job_claim") in scans, scans
+    assert not any(node == "Seq Scan" for node, _ in scans), scans
+    assert not any(node["Node Type"] == "Sort" for node in nodes), nodes
+
+
+def _walk(plan: dict[str, Any]) -> Any:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _walk(child)

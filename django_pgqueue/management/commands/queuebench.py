@@ -73,6 +73,13 @@ class Command(BaseCommand):
             help="task.enqueue() calls, one transaction each (2000).",
         )
         parser.add_argument(
+            "--ceiling-jobs",
+            type=int,
+            default=20_000,
+            help="Rows each raw-SQL ceiling claims: claim 10 and 100 per statement, and "
+            "claim + completion 100, one connection (20000; 0 skips).",
+        )
+        parser.add_argument(
             "--latency-jobs",
             type=int,
             default=200,
@@ -123,6 +130,7 @@ class Command(BaseCommand):
             "prefetch_window",
             "prefill",
             "single_enqueues",
+            "ceiling_jobs",
             "latency_jobs",
             "memory_jobs",
             "io_jobs",
@@ -148,6 +156,7 @@ class Command(BaseCommand):
             prefetch_window=options["prefetch_window"],
             prefill=options["prefill"],
             single_enqueues=options["single_enqueues"],
+            ceiling_jobs=options["ceiling_jobs"],
             latency_jobs=options["latency_jobs"],
             latency_rate=options["latency_rate"],
             memory_jobs=options["memory_jobs"],
