@@ -295,16 +295,16 @@ class Job(models.Model):
             # Admin inbox filters by queue, task and partition key (bloom summaries: a
             # rare value reads only the block ranges holding it) and available-at ranges
             # (multi-minmax, so far-future scheduled jobs do not widen every range).
-            # A summarizing index: it does not prevent HOT updates, and an update only
-            # writes to it when the new value is not yet in its block range's summary.
-            # Migration 0003 builds it with pages_per_range = 16.
+            # Every new row version reads its range's summary, so the blooms are sized
+            # for the few values a range of a few hundred jobs holds, not PostgreSQL's
+            # default of hundreds (migration 0013; pages_per_range = 16 since 0003).
             BrinIndex(
                 fields=["queue", "task_path", "partition_key", "available_at"],
                 name="pgq_job_filter_brin",
                 opclasses=[
-                    "text_bloom_ops",
-                    "text_bloom_ops",
-                    "text_bloom_ops",
+                    "text_bloom_ops(n_distinct_per_range = 16)",
+                    "text_bloom_ops(n_distinct_per_range = 32)",
+                    "text_bloom_ops(n_distinct_per_range = 32)",
                     "timestamptz_minmax_multi_ops",
                 ],
             ),

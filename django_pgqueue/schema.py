@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from django.contrib.postgres.operations import AddIndexConcurrently
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.operations import RenameIndex, SeparateDatabaseAndState
@@ -34,7 +34,14 @@ from .tables import queue_tables
 if TYPE_CHECKING:
     from django.db.backends.postgresql.schema import DatabaseSchemaEditor
 
-__all__ = ["APP_LABEL", "EnsureIndexConcurrently", "IndexProblem", "index_problems", "queue_tables"]
+__all__ = [
+    "APP_LABEL",
+    "EnsureIndexConcurrently",
+    "IndexProblem",
+    "RemoveIndexConcurrentlyExactly",
+    "index_problems",
+    "queue_tables",
+]
 
 APP_LABEL = "django_pgqueue"
 
@@ -133,6 +140,43 @@ class EnsureIndexConcurrently(AddIndexConcurrently):
             name = schema_editor.quote_name(self.index.name)
             value = schema_editor.quote_value(self.comment)
             schema_editor.execute(f"COMMENT ON INDEX {name} IS {value}", params=None)
+
+
+class RemoveIndexConcurrentlyExactly(RemoveIndexConcurrently):
+    """Drop an index with DROP INDEX CONCURRENTLY; reversing rebuilds it as it was.
+
+    Django's reverse builds the index from the model state, which cannot say everything
+    (a BRIN index's ``pages_per_range``); this one runs ``sql`` instead, through
+    :class:`EnsureIndexConcurrently` (so an interrupted rebuild is repaired by running
+    the migration again), and restores ``comment``.
+    """
+
+    def __init__(self, model_name: str, name: str, *, sql: str, comment: str | None = None) -> None:
+        super().__init__(model_name, name)
+        self.sql = sql
+        self.comment = comment
+
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
+        """Return what rebuilds this operation, ``sql`` and ``comment`` included."""
+        name, args, kwargs = super().deconstruct()
+        kwargs["sql"] = self.sql
+        if self.comment is not None:
+            kwargs["comment"] = self.comment
+        return name, args, kwargs
+
+    def database_backwards(
+        self,
+        app_label: str,
+        schema_editor: BaseDatabaseSchemaEditor,
+        from_state: ProjectState,
+        to_state: ProjectState,
+    ) -> None:
+        """Rebuild the dropped index with ``sql``, concurrently."""
+        index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+        rebuild = EnsureIndexConcurrently(
+            self.model_name, index, sql=self.sql, comment=self.comment
+        )
+        rebuild.database_forwards(app_label, schema_editor, from_state, to_state)
 
 
 @dataclass(frozen=True, slots=True)

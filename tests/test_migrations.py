@@ -79,3 +79,60 @@ def test_migrations_apply_reverse_and_reapply(scratch_database):
     _manage(scratch_database, "migrate", "--noinput")
     with psycopg.connect(scratch_database, autocommit=True) as conn:
         assert "fillfactor=75" in _reloptions(conn, "django_pgqueue_job")
+
+
+_INDEX = """
+SELECT pg_get_indexdef(index.indexrelid), index.indisvalid,
+    obj_description(index.indexrelid, 'pg_class')
+FROM pg_index AS index
+WHERE index.indexrelid = to_regclass(%s)
+"""
+_SOME_JOBS = """
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, available_at, created_at, errors
+)
+SELECT 'q' || (g % 3), 'app.tasks.t' || (g % 7), '[]', '{}', 0, 'pending', 0, 1, 0,
+    now(), now(), '[]'
+FROM generate_series(1, 5000) AS g
+"""
+
+
+def test_0013_swaps_in_smaller_bloom_summaries_under_the_same_name(scratch_database):
+    _manage(scratch_database, "migrate", "django_pgqueue", "0012", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        definition, valid, _ = conn.execute(_INDEX, ["pgq_job_filter_brin"]).fetchone()
+        assert "n_distinct_per_range" not in definition
+        conn.execute(_SOME_JOBS)  # built over rows, as on a live table
+
+    _manage(scratch_database, "migrate", "django_pgqueue", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        definition, valid, comment = conn.execute(_INDEX, ["pgq_job_filter_brin"]).fetchone()
+        assert valid
+        assert "USING brin (queue text_bloom_ops (n_distinct_per_range='16'), " in definition
+        assert "task_path text_bloom_ops (n_distinct_per_range='32'), " in definition
+        assert "partition_key text_bloom_ops (n_distinct_per_range='32'), " in definition
+        assert "available_at timestamptz_minmax_multi_ops) " in definition
+        assert definition.endswith("WITH (pages_per_range='16')")
+        assert comment.startswith("admin inbox filters")
+        assert conn.execute("SELECT to_regclass('pgq_job_filter_small')").fetchone() == (None,)
+        # The new summaries find what the old ones did (every range holds all values).
+        conn.execute("SET enable_seqscan = off")
+        plan = conn.execute(
+            "EXPLAIN (FORMAT JSON) SELECT id FROM django_pgqueue_job "
+            "WHERE task_path = 'app.tasks.t3'"
+        ).fetchone()[0]
+        assert "pgq_job_filter_brin" in str(plan)
+        found = conn.execute(
+            "SELECT count(*) FROM django_pgqueue_job WHERE task_path = 'app.tasks.t3'"
+        ).fetchone()
+        assert found == (5000 // 7,)
+
+    _manage(scratch_database, "migrate", "django_pgqueue", "0012", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        definition, valid, comment = conn.execute(_INDEX, ["pgq_job_filter_brin"]).fetchone()
+        assert valid
+        # Rebuilt as 0003 made it, which the model state alone cannot say.
+        assert "n_distinct_per_range" not in definition
+        assert definition.endswith("WITH (pages_per_range='16')")
+        assert comment.startswith("admin inbox filters")
