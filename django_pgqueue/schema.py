@@ -153,6 +153,9 @@ class RemoveIndexConcurrentlyExactly(RemoveIndexConcurrently):
 
     def __init__(self, model_name: str, name: str, *, sql: str, comment: str | None = None) -> None:
         super().__init__(model_name, name)
+        # Checked now, not when someone first migrates backwards.
+        if not re.match(_CREATE.format(name=re.escape(name)), sql, re.IGNORECASE):
+            raise InvalidIndexStatement(name, sql)
         self.sql = sql
         self.comment = comment
 

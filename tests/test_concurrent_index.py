@@ -20,7 +20,7 @@ from django.db.migrations.writer import OperationWriter
 from django.test.utils import CaptureQueriesContext
 
 from django_pgqueue.exceptions import InvalidIndexStatement
-from django_pgqueue.schema import EnsureIndexConcurrently
+from django_pgqueue.schema import EnsureIndexConcurrently, RemoveIndexConcurrentlyExactly
 from tests.indexes import (
     APP,
     index_oid,
@@ -183,3 +183,28 @@ def _flatten(operations):
 
 def _sql_parts(sql):
     return sql if isinstance(sql, list | tuple) else [sql]
+
+
+REBUILD_SQL = (
+    'CREATE INDEX CONCURRENTLY "pgq_test_queue_id" ON "django_pgqueue_job" ("queue", "id")'
+)
+
+
+def test_a_restorable_drop_refuses_a_rebuild_of_another_index():
+    with pytest.raises(InvalidIndexStatement, match="pgq_test_queue_id"):
+        RemoveIndexConcurrentlyExactly(
+            "job", "pgq_test_queue_id", sql=REBUILD_SQL.replace("queue_id", "other")
+        )
+
+
+def test_a_restorable_drop_serializes_with_its_rebuild_and_comment():
+    operation = RemoveIndexConcurrentlyExactly(
+        "job", "pgq_test_queue_id", sql=REBUILD_SQL, comment="by queue"
+    )
+    name, args, kwargs = operation.deconstruct()
+    assert name == "RemoveIndexConcurrentlyExactly"
+    assert RemoveIndexConcurrentlyExactly(*args, **kwargs).deconstruct() == (name, args, kwargs)
+    text, imports = OperationWriter(operation).serialize()
+    assert "import django_pgqueue.schema" in imports
+    assert "django_pgqueue.schema.RemoveIndexConcurrentlyExactly(" in text
+    assert "comment='by queue'" in text
