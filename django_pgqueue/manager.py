@@ -1817,7 +1817,10 @@ def _options_shape(spec: JobSpec) -> tuple[Any, ...] | None:
     one of each pair is valid. Dependencies and coalescing are checked together with the
     idempotency key, so specs carrying them are always checked in full.
     """
-    if spec.after or spec.coalesce_key is not None or spec.debounce is not None:
+    # Only a plain empty ``after``: anything else (an array without a truth value, a
+    # generator) goes the long way, whose checks give it a typed error.
+    no_blockers = type(spec.after) in (tuple, list) and not spec.after
+    if not no_blockers or spec.coalesce_key is not None or spec.debounce is not None:
         return None
     shape = tuple((type(value), value) for value in map(spec.__getattribute__, _OPTION_FIELDS))
     try:

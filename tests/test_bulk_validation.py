@@ -154,3 +154,15 @@ def test_bulk_rows_keep_each_jobs_own_options(db):
     assert rows[4].max_attempts == 7
     assert rows[0].idempotency_key is None
     assert rows[0].max_attempts == rows[3].max_attempts
+
+
+class _NoTruthValue(list):  # what a numpy array does in ``if array:``
+    def __bool__(self) -> bool:
+        raise ValueError("The truth value of an array with more than one element is ambiguous")
+
+
+def test_an_after_without_a_truth_value_gets_the_typed_error(db):
+    batch = [JobSpec("tests.tasks.noop", after=_NoTruthValue(["x", "y"]))] * 2
+    with pytest.raises(InvalidOption, match=r"jobs\[0\]\.after"):
+        Job.objects.enqueue_many(batch)
+    assert not Job.objects.exists()
