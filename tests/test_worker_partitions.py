@@ -27,11 +27,16 @@ def test_ten_keys_of_a_hundred_jobs_keep_order_across_four_workers(workers, obse
         for sequence in range(100)
         for key in keys
     ]
-    Job.objects.enqueue_many(specs)
-    for _ in range(4):
+    started = [
         workers(
             "--concurrency", "4", "--poll-interval", "0.05", settings={"HEARTBEAT_SECONDS": 0.5}
         )
+        for _ in range(4)
+    ]
+    # Enqueue once all four are registered, so the first to boot cannot drain it alone.
+    for worker in started:
+        worker.wait_registered(observer)
+    Job.objects.enqueue_many(specs)
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 1000,
         timeout=240,

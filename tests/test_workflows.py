@@ -28,10 +28,15 @@ def _status(result):
 
 
 def test_fan_out_of_a_hundred_fans_in_once_after_all_across_three_workers(workers, observer):
-    priced = group(*(step(tasks.ledger_price, item) for item in range(100)))
-    fan_in = tasks.ledger_fan_in.using(after=priced).enqueue()
-    assert _status(fan_in) == JobStatus.BLOCKED
     started = [workers("--concurrency", "4", *FAST) for _ in range(3)]
+    # Work is committed only once all three are registered: a worker that boots first
+    # could otherwise drain all hundred before the others start (seen on a loaded CI).
+    for worker in started:
+        worker.wait_registered(observer)
+    with transaction.atomic():
+        priced = group(*(step(tasks.ledger_price, item) for item in range(100)))
+        fan_in = tasks.ledger_fan_in.using(after=priced).enqueue()
+        assert _status(fan_in) == JobStatus.BLOCKED
     done = wait(fan_in, timeout=120)
     assert done.return_value == {"results": [item * 10 for item in range(100)]}
     entries = ledger.entries(observer)
