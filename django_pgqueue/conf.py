@@ -48,7 +48,7 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
     SettingSpec("WORKER_TIMEOUT_SECONDS", 30.0, "Silence after which a worker is considered dead."),
     SettingSpec("POLL_INTERVAL_SECONDS", 1.0, "Fallback poll when no notification arrives."),
     SettingSpec("CONCURRENCY", 10, "Jobs one worker process runs at the same time."),
-    SettingSpec("BATCH_SIZE", 100, "Most jobs claimed in one round trip."),
+    SettingSpec("BATCH_SIZE", 500, "Most jobs claimed in one round trip."),
     SettingSpec("PREFETCH", 0, "Extra jobs a worker may hold beyond its free slots."),
     SettingSpec(
         "PREFETCH_WINDOW_SECONDS",

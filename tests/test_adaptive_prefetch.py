@@ -18,6 +18,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
@@ -51,6 +54,64 @@ def test_the_extra_follows_the_rate_of_the_last_second_up_to_the_cap():
     assert pace.extra(now=11.7) == 0  # a stalled worker stops prefetching within a second
     assert pace.hold_seconds == 1.0
     assert AdaptivePrefetch(window=0.2, cap=10).hold_seconds == pytest.approx(4.0)
+
+
+def test_a_burst_reads_its_rate_over_the_time_it_has_run_not_the_whole_second():
+    # 250 jobs in the first tenth of a second of a burst: 1,000/s over the shortest span
+    # (the first sample's 50 finished before it began), not 250/s over a whole second.
+    pace = AdaptivePrefetch(window=0.05, cap=500)
+    pace.finished(50, now=10.0)
+    pace.finished(100, now=10.05)
+    pace.finished(100, now=10.1)
+    assert pace.extra(now=10.1) == 50  # 200 jobs / 0.2 s x 50 ms
+    assert pace.extra(now=10.5) == 20  # no more finished: 200 / 0.5 s
+    pace.finished(400, now=10.5)
+    assert pace.extra(now=10.5) == 60  # 600 / 0.5 s x 50 ms
+
+
+def test_two_outcome_batches_a_moment_apart_are_not_read_as_a_flood():
+    # A hundred slow jobs ending together, recorded in two writes a millisecond apart.
+    pace = AdaptivePrefetch(window=0.05, cap=500)
+    pace.finished(50, now=10.0)
+    pace.finished(50, now=10.001)
+    assert pace.extra(now=10.002) == 12  # 50 / 0.2 s x 50 ms, not 50 / 2 ms
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 0.3), st.integers(0, 2_000)), min_size=0, max_size=40
+    ),
+    st.floats(0, 2),
+    st.integers(1, 1_000),
+)
+def test_the_extra_stays_within_the_cap_and_what_the_last_second_finished(
+    steps: list[tuple[float, int]], after: float, cap: int
+):
+    pace = AdaptivePrefetch(window=0.05, cap=cap)
+    now = 100.0
+    samples = []
+    for gap, count in steps:
+        now += gap
+        pace.finished(count, now=now)
+        if count:
+            samples.append((now, count))
+    now += after
+    recent = sum(count for at, count in samples if at > now - 1.0)
+    extra = pace.extra(now=now)
+    assert 0 <= extra <= cap
+    # Never more than the last second's finishes read over the shortest span.
+    assert extra <= int(recent / 0.2 * 0.05)
+    if recent == 0:
+        assert extra == 0
+
+
+@pytest.mark.parametrize("rate", [20, 400, 5_000])
+def test_a_steady_rate_reads_as_itself(rate: int):
+    pace = AdaptivePrefetch(window=0.05, cap=10_000)
+    for tick in range(40):  # 2 s of outcome batches every 50 ms
+        pace.finished(rate // 20, now=10.0 + tick * 0.05)
+    assert pace.extra(now=11.95) == pytest.approx(rate * 0.05, rel=0.1, abs=1)
 
 
 def test_a_window_of_zero_turns_it_off():

@@ -86,7 +86,7 @@ def test_the_text_report_names_each_figure(db_url):
         "plain INSERT + COMMIT (the floor)",
         "bulk enqueue (enqueue_many, 1,000 per call)",
         "I/O-bound, 1 process, 100 jobs of 5 ms: sync",
-        "2 processes x concurrency 10, batch 100, prefetch 0, prefetch window 0.05s",
+        "2 processes x concurrency 10, batch 500, prefetch 0, prefetch window 0.05s",
         "drain:",
         "task: django_pgqueue.bench.noop",
         "raw SQL ceilings, one connection: claim 10 per statement",

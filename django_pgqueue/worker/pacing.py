@@ -22,6 +22,9 @@ __all__ = ["AdaptivePrefetch"]
 #: The rate is measured over the last second: long enough to smooth single batches,
 #: short enough that a worker whose jobs stall stops prefetching within a second.
 _HORIZON = 1.0
+#: The shortest span a rate is read over: a fifth of the horizon, long enough that jobs
+#: finishing in bursts (a slow batch ending together) are not read as a steady flood.
+_MIN_SPAN = 0.2
 
 
 class AdaptivePrefetch:
@@ -66,8 +69,24 @@ class AdaptivePrefetch:
         now = time.monotonic() if now is None else now
         with self._lock:
             self._expire(now)
-            rate = self._total / _HORIZON
+            rate = self._rate(now)
         return min(self.cap, int(rate * self.window))
+
+    def _rate(self, now: float) -> float:
+        """Return jobs finished per second, over the time the samples actually cover.
+
+        Dividing by the whole horizon would read a worker that started a burst a tenth of
+        a second ago as ten times slower than it is, and a burst of a few seconds would be
+        over before prefetch caught up. The first sample's jobs finished before the span
+        began, so they are left out of it; the span is at least ``_MIN_SPAN`` so that two
+        outcome batches recorded a moment apart cannot pass for a flood. With one sample
+        there is no span: the whole horizon is the cautious reading.
+        """
+        if len(self._finished) < 2:
+            return self._total / _HORIZON
+        first_at, first_count = self._finished[0]
+        span = max(now - first_at, _MIN_SPAN)
+        return (self._total - first_count) / span
 
     def _expire(self, now: float) -> None:
         while self._finished and self._finished[0][0] <= now - _HORIZON:
