@@ -79,9 +79,7 @@ def test_two_outcome_batches_a_moment_apart_are_not_read_as_a_flood():
 
 @hypothesis_settings(max_examples=200, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.floats(0, 0.3), st.integers(0, 2_000)), min_size=0, max_size=40
-    ),
+    st.lists(st.tuples(st.floats(0, 0.3), st.integers(0, 2_000)), min_size=0, max_size=40),
     st.floats(0, 2),
     st.integers(1, 1_000),
 )
