@@ -187,7 +187,7 @@ def test_the_workers_run_with_the_settings_runqueueworker_would_use(db_url):
     )
     assert done.returncode == 0, done.stderr
     config = json.loads(done.stdout)["config"]
-    assert (config["concurrency"], config["batch_size"], config["prefetch"]) == (4, 100, 0)
+    assert (config["concurrency"], config["batch_size"], config["prefetch"]) == (4, 500, 0)
     assert config["prefetch_window"] == 0.02
 
 
