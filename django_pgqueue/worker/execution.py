@@ -119,7 +119,6 @@ class InFlight:
 
     job: ClaimedJob
     entry: TaskEntry | None
-    cancel: threading.Event = field(default_factory=threading.Event)
     claimed_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None
     deadline: float | None = None
@@ -136,6 +135,24 @@ class InFlight:
     #: Until when (time.monotonic) the lease is surely held: a moment taken before the
     #: claim (or the last extension) was sent, plus the lease length. Local clock only.
     lease_valid_until: float = float("inf")
+    #: Made on first use (see :attr:`cancel`): most attempts never need one.
+    _cancel: threading.Event | None = None
+
+    @property
+    def cancel(self) -> threading.Event:
+        """Return the event that asks this attempt's handler to stop.
+
+        Made when first asked for (by a task that takes a context, or by the worker
+        cancelling the attempt), under the start lock so both get the same event. An
+        event per job cost a twentieth of a worker's time running no-op jobs.
+        """
+        event = self._cancel
+        if event is None:
+            with _START_LOCK:
+                if self._cancel is None:
+                    self._cancel = threading.Event()
+                event = self._cancel
+        return event
 
     def begin(self) -> bool:
         """Mark the handler as starting, unless the attempt was withdrawn or abandoned.
