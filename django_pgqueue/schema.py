@@ -55,6 +55,21 @@ _REINDEX_COPY = re.compile(r"_ccnew[0-9]*$")
 _REINDEX_ORIGINAL = re.compile(r"_ccold[0-9]*$")
 
 
+def _check_builds(name: str, sql: str) -> None:
+    """Raise InvalidIndexStatement unless ``sql`` builds the index ``name`` concurrently."""
+    if not re.match(_CREATE.format(name=re.escape(name)), sql, re.IGNORECASE):
+        raise InvalidIndexStatement(name, sql)
+
+
+def _with_statement(kwargs: dict[str, Any], sql: str | None, comment: str | None) -> dict[str, Any]:
+    """Return ``kwargs`` with the ``sql`` and ``comment`` an operation was given, if any."""
+    if sql is not None:
+        kwargs["sql"] = sql
+    if comment is not None:
+        kwargs["comment"] = comment
+    return kwargs
+
+
 class EnsureIndexConcurrently(AddIndexConcurrently):
     """Add ``index`` with CREATE INDEX CONCURRENTLY; running it again repairs a failed build.
 
@@ -82,9 +97,7 @@ class EnsureIndexConcurrently(AddIndexConcurrently):
     ) -> None:
         super().__init__(model_name, index)
         if sql is not None:
-            pattern = _CREATE.format(name=re.escape(index.name))
-            if not re.match(pattern, sql, re.IGNORECASE):
-                raise InvalidIndexStatement(index.name, sql)
+            _check_builds(index.name, sql)
         self.sql = sql
         self.comment = comment
 
@@ -98,11 +111,7 @@ class EnsureIndexConcurrently(AddIndexConcurrently):
     def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         """Return what rebuilds this operation, ``sql`` and ``comment`` included."""
         name, args, kwargs = super().deconstruct()
-        if self.sql is not None:
-            kwargs["sql"] = self.sql
-        if self.comment is not None:
-            kwargs["comment"] = self.comment
-        return name, args, kwargs
+        return name, args, _with_statement(kwargs, self.sql, self.comment)
 
     def reduce(self, operation: Operation, app_label: str) -> bool | list[Operation]:
         """Never fold a rename into this operation: ``sql`` names the index."""
@@ -153,19 +162,14 @@ class RemoveIndexConcurrentlyExactly(RemoveIndexConcurrently):
 
     def __init__(self, model_name: str, name: str, *, sql: str, comment: str | None = None) -> None:
         super().__init__(model_name, name)
-        # Checked now, not when someone first migrates backwards.
-        if not re.match(_CREATE.format(name=re.escape(name)), sql, re.IGNORECASE):
-            raise InvalidIndexStatement(name, sql)
+        _check_builds(name, sql)  # now, not when someone first migrates backwards
         self.sql = sql
         self.comment = comment
 
     def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         """Return what rebuilds this operation, ``sql`` and ``comment`` included."""
         name, args, kwargs = super().deconstruct()
-        kwargs["sql"] = self.sql
-        if self.comment is not None:
-            kwargs["comment"] = self.comment
-        return name, args, kwargs
+        return name, args, _with_statement(kwargs, self.sql, self.comment)
 
     def database_backwards(
         self,
