@@ -109,6 +109,8 @@ def workers(db_url: str) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
+        # Captured by pytest and shown only when the test failed: what each worker logged.
+        print(f"--- worker {worker.pid} ({' '.join(worker.args)}) ---\n{worker.output()}")
 
 
 @pytest.fixture

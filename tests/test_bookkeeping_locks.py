@@ -37,12 +37,21 @@ def _entry(observer, job_id: int, event: str) -> dict | None:
     return found[-1] if found else None
 
 
-def _wait_finished(job_ids: list[int], timeout: float = 90) -> None:
-    wait_for(
-        lambda: Job.objects.filter(pk__in=job_ids, status__in=FINISHED).count() == len(job_ids),
-        timeout=timeout,
-        message=f"jobs {job_ids} to finish",
-    )
+def _wait_finished(job_ids: list[int], timeout: float = 90, watch: LockWatch | None = None) -> None:
+    """Wait until every job finished; on timeout, say where each job stands (and the lock
+    waits seen so far)."""
+    try:
+        wait_for(
+            lambda: Job.objects.filter(pk__in=job_ids, status__in=FINISHED).count() == len(job_ids),
+            timeout=timeout,
+            message=f"jobs {job_ids} to finish",
+        )
+    except AssertionError as error:
+        rows = Job.objects.filter(pk__in=job_ids).values_list(
+            "pk", "status", "attempts", "lease_generation", "claimed_by", "errors"
+        )
+        waits = f"\n{watch.report()}" if watch is not None else ""
+        raise AssertionError(f"{error}\n" + "\n".join(map(str, rows)) + waits) from None
 
 
 def test_an_open_atomic_step_transaction_delays_none_of_the_workers_other_jobs(
@@ -58,7 +67,7 @@ def test_an_open_atomic_step_transaction_delays_none_of_the_workers_other_jobs(
     atomic_id = ids.pop(3)
     with LockWatch(db_url) as watch:
         worker = workers("--concurrency", "4", *LEASE, settings=RECOVERY)
-        _wait_finished([atomic_id, *ids])
+        _wait_finished([atomic_id, *ids], watch=watch)
     assert not watch.errors, watch.errors
     output = worker.output()
     problems = []
@@ -125,7 +134,17 @@ def test_a_worker_that_took_over_a_lease_never_waits_on_the_first_workers_heartb
             timeout=30,
             message="the first worker to run all three jobs",
         )
-        second = workers("--concurrency", "2", "--queue", "reports", *LEASE, settings=RECOVERY)
+        # Without housekeeping of its own: the test's reap below is the one recovery (the
+        # worker's reaper would race it for the expired lease).
+        second = workers(
+            "--concurrency",
+            "2",
+            "--queue",
+            "reports",
+            *LEASE,
+            "--no-housekeeping",
+            settings=RECOVERY,
+        )
         second_id = second.wait_registered(observer)
         # The plain job's lease runs out (as when the first worker is cut off) and it is
         # recovered; the second worker takes it over.
@@ -140,7 +159,7 @@ def test_a_worker_that_took_over_a_lease_never_waits_on_the_first_workers_heartb
             timeout=30,
             message="the second worker to take the job over",
         )
-        _wait_finished([first_atomic, taken_over, second_atomic])
+        _wait_finished([first_atomic, taken_over, second_atomic], watch=watch)
     assert not watch.errors, watch.errors
     heartbeat = f"pgqueue heartbeat {second_id}"[:63]
     waited = watch.longest(lambda wait: wait.application_name == heartbeat)

@@ -45,6 +45,8 @@ class WorkerProcess:
     ) -> None:
         self.db_url = db_url
         self.args = args
+        #: What the worker printed, kept when :meth:`stop` removes the log file.
+        self._final_output = ""
         self._log = tempfile.NamedTemporaryFile("w+", prefix="worker-", suffix=".log", delete=False)  # noqa: SIM115
         env = {
             **os.environ,
@@ -104,7 +106,7 @@ class WorkerProcess:
     def output(self) -> str:
         """Return everything the worker printed so far."""
         path = Path(self._log.name)
-        return path.read_text(errors="replace") if path.exists() else ""
+        return path.read_text(errors="replace") if path.exists() else self._final_output
 
     def stop(self) -> None:
         """Terminate politely, then forcefully; used in teardown."""
@@ -117,5 +119,6 @@ class WorkerProcess:
                     os.killpg(self.pid, signal.SIGKILL)
                 self.process.wait(10)
         if not self._log.closed:
+            self._final_output = self.output()
             self._log.close()
             os.unlink(self._log.name)
