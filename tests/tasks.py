@@ -620,3 +620,20 @@ def ledger_task_limited(context: Any, seconds: float = 0.0) -> None:
 def ledger_rated(context: Any, label: str = "rated") -> None:
     """At most 20 starts a second across all workers."""
     _ledger(context, "start", label)
+
+
+#: Called with the job id right after an atomic_commit_window task's transaction
+#: commits, before the worker learns it did (test_lease_loss_races).
+COMMIT_PROBES: list[Any] = []
+
+
+@task(takes_context=True, atomic=True)
+def atomic_commit_window(context: Any) -> int:
+    """Run each of COMMIT_PROBES the moment this attempt's transaction commits."""
+    import functools
+
+    from django.db import transaction
+
+    for probe in COMMIT_PROBES:
+        transaction.on_commit(functools.partial(probe, context.job_id))
+    return context.attempt

@@ -130,6 +130,10 @@ class InFlight:
     overdue: bool = False
     #: Its handler is still running (or queued to run) in this process.
     busy: bool = True
+    #: An atomic task's completion is written and its transaction is committing. From
+    #: then on the row may read finished before :attr:`committed` is set: a heartbeat
+    #: that finds it so has not lost the lease.
+    committing: bool = False
     #: An atomic task's transaction committed its completion: the attempt is over.
     committed: bool = False
     #: Until when (time.monotonic) the lease is surely held: a moment taken before the
@@ -455,6 +459,7 @@ class JobRunner:
                 task_started.send(PgQueueBackend, task_result=task_result)
                 stored = _stored(job, entry.func(*args, **job.kwargs))
                 store.complete_if_leased(job.lease, stored.json)
+                flight.committing = True
             # Committed: the job is finished in the database, its lease is no longer
             # held by anyone and must not be extended or reported lost.
             flight.committed = True

@@ -808,8 +808,14 @@ class Worker:
                 flight
                 for lease in leases
                 if (flight := self._flights.get((lease.job_id, lease.lease_generation))) is not None
-                # An atomic task that committed finished its job: not lost, done.
+                # An atomic task that committed (or is committing) finished its job: the
+                # heartbeat may read the row finished before the flag says so.
                 and not flight.committed
+                and not flight.committing
+                # Its handler returned: the outcome's own fenced write tells whether the
+                # lease still held. A lease "lost" here may just be the recorder's
+                # completion, committed a moment before this worker's flights caught up.
+                and flight.busy
                 # Learned once: the notice and the heartbeat may both report it.
                 and not flight.abandoned
             ]
