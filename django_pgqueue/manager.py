@@ -1619,8 +1619,17 @@ class QueueStore:
 
     # ------------------------------------------------------------------ schedules
     # sql/schedules.sql: the workers' sync and firing, the Schedules admin page's actions.
-    def lock_schedule_sync(self) -> None:
-        """Wait for the schedule sync lock; call inside a transaction (released at COMMIT)."""
+    def lock_schedule_sync(self, *, timeout_seconds: float | None = None) -> None:
+        """Wait for the schedule sync lock; call inside a transaction (released at COMMIT).
+
+        With ``timeout_seconds``, every lock wait of the rest of the transaction is bounded
+        by it: past it the statement fails with ``LockNotAvailable``.
+        """
+        if timeout_seconds is not None:
+            self._run(
+                "limit_schedule_sync_wait",
+                lock_timeout=f"{max(1, round(timeout_seconds * 1000))}ms",
+            )
         self._run("lock_schedule_sync", lock_key=SCHEDULE_SYNC_LOCK_KEY)
 
     def database_now(self) -> datetime:

@@ -100,15 +100,22 @@ def definition_of(schedule: PeriodicSchedule) -> ScheduleDefinition:
     )
 
 
-def sync_schedules(store: QueueStore, schedules: Iterable[PeriodicSchedule]) -> SyncReport:
+def sync_schedules(
+    store: QueueStore,
+    schedules: Iterable[PeriodicSchedule],
+    *,
+    lock_timeout: float | None = None,
+) -> SyncReport:
     """Make the schedule table match ``schedules``: add, change, remove.
 
     Call inside a transaction on ``store``'s connection: it takes the sync lock, so
     workers starting together sync one after the other. Raises
-    :class:`InvalidSchedule` (changing nothing) if a declaration is invalid.
+    :class:`InvalidSchedule` (changing nothing) if a declaration is invalid. With
+    ``lock_timeout`` (seconds), a lock held longer than that by another session fails
+    the sync with ``LockNotAvailable`` instead of waiting for it.
     """
     definitions = [(definition_of(s), s) for s in schedules]
-    store.lock_schedule_sync()
+    store.lock_schedule_sync(timeout_seconds=lock_timeout)
     now = store.database_now()
     added: list[str] = []
     changed: list[str] = []

@@ -15,6 +15,13 @@
 SELECT pg_advisory_xact_lock(%(lock_key)s)
 
 
+-- name: limit_schedule_sync_wait
+-- Bound how long the rest of this transaction (the sync) waits for any lock: a session
+-- that holds the sync lock and never commits must not keep a starting worker from its
+-- jobs. SET LOCAL: ends with the transaction, safe behind PgBouncer.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true)
+
+
 -- name: schedule_clock
 -- The database clock (every schedule computation counts from it, never the host's).
 SELECT statement_timestamp() AS database_now

@@ -27,6 +27,10 @@ logger = logging.getLogger("django_pgqueue.schedules")
 MAX_SLEEP = 1.0
 #: Sleep after a failed pass.
 RETRY_SLEEP = 1.0
+#: The longest a starting worker waits for another session's schedule sync: the sync runs
+#: before the worker takes jobs, and a session holding the lock without committing must
+#: not keep it from them. A sync that gives up is retried by the scheduler thread.
+SYNC_LOCK_TIMEOUT = 5.0
 
 
 def sync_declared(slot: ConnectionSlot) -> None:
@@ -41,7 +45,7 @@ def sync_declared(slot: ConnectionSlot) -> None:
     # Each database holds the schedules of the tasks whose jobs it stores.
     mine = [s for s in schedules.values() if schedule_database(s) in (slot.alias, None)]
     with slot.connection.transaction():
-        report = sync_schedules(slot.store, mine)
+        report = sync_schedules(slot.store, mine, lock_timeout=SYNC_LOCK_TIMEOUT)
     for verb, names in (
         ("added", report.added),
         ("changed", report.changed),

@@ -1,0 +1,75 @@
+"""A session holding the schedule sync lock cannot keep a starting worker from its jobs.
+
+Every worker syncs the declared schedules before it takes jobs, under one advisory lock
+so that workers starting together sync in turn. A session that takes that lock and never
+commits (a stuck deploy script, a debugging shell) used to hold every starting worker at
+that point for as long as it lived. The wait is now bounded; the scheduler thread syncs
+once the lock is free.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from django_pgqueue.manager import SCHEDULE_SYNC_LOCK_KEY, JobSpec
+from django_pgqueue.models import Job
+from django_pgqueue.states import JobStatus
+from django_pgqueue.worker import Worker, WorkerOptions
+from django_pgqueue.worker import scheduler as scheduler_module
+from django_pgqueue.worker.scheduler import Scheduler
+from tests.workers import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def short_sync_wait(monkeypatch):
+    monkeypatch.setattr(scheduler_module, "SYNC_LOCK_TIMEOUT", 0.5)
+
+
+def _hold_sync_lock(conn) -> None:
+    conn.execute("BEGIN")
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEDULE_SYNC_LOCK_KEY])
+
+
+def test_a_worker_runs_its_jobs_while_another_session_holds_the_sync_lock(
+    db_url, open_connection, short_sync_wait, caplog
+):
+    holder = open_connection()
+    _hold_sync_lock(holder)
+    try:
+        job = Job.objects.enqueue_many([JobSpec("tests.tasks.add", args=[2, 3])])[0]
+        worker = Worker(
+            WorkerOptions.from_settings(queues=("default",), burst=True, handle_signals=False)
+        )
+        with caplog.at_level(logging.WARNING, logger="django_pgqueue.schedules"):
+            thread = threading.Thread(target=worker.run)
+            thread.start()
+            thread.join(30)
+        assert not thread.is_alive(), "the worker is stuck behind the sync lock"
+    finally:
+        holder.execute("ROLLBACK")
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.result) == (JobStatus.SUCCEEDED, 5)
+    assert "could not sync the schedules yet" in caplog.text
+    assert "lock timeout" in caplog.text
+
+
+def test_the_scheduler_syncs_once_the_lock_is_free(db_url, open_connection, short_sync_wait):
+    holder = open_connection()
+    _hold_sync_lock(holder)
+    scheduler = Scheduler(alias="default", name="pgqueue test scheduler")
+    try:
+        scheduler.start()  # returns once the bounded wait gave up
+        assert scheduler._synced is False
+        holder.execute("COMMIT")
+        wait_for(lambda: scheduler._synced, timeout=20, message="the retried sync")
+    finally:
+        scheduler.stop()
+        scheduler.join(10)
+        if holder.info.transaction_status:
+            holder.execute("ROLLBACK")
+    assert not scheduler.is_alive()
