@@ -328,6 +328,11 @@ class LeaseExtension:
         """Return the ids of the jobs whose lease was extended."""
         return frozenset(job_id for job_id, _ in self.held)
 
+    def lost(self, leases: Iterable[Lease]) -> list[Lease]:
+        """Return those of ``leases`` the extension found neither held nor busy."""
+        kept = self.held | self.busy
+        return [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:

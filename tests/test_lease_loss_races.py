@@ -28,9 +28,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def _heartbeat_finds_lost(store, worker: Worker, leases: list[Lease]) -> list[Lease]:
     """Run the heartbeat's extension of ``leases``; hand what it misses to the worker."""
-    extension = store.extend_leases_if_leased(worker.id, leases, 30)
-    kept = extension.held | extension.busy
-    lost = [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
+    lost = store.extend_leases_if_leased(worker.id, leases, 30).lost(leases)
     if lost:
         worker._leases_lost(lost)
     return lost

@@ -146,8 +146,7 @@ class Heartbeat(threading.Thread):
                 )
             )
             self._on_leases_extended(extension.held, sent_at)
-            kept = extension.held | extension.busy
-            lost = [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
+            lost = extension.lost(leases)
             observe.current.leases_extended(len(leases) - len(lost))
             if lost:
                 self._on_leases_lost(lost)
