@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,10 +23,75 @@ from django_pgqueue.pgconn import connect
 from tests.database import embedded_server, ensure_server, rebuild_embedded_server
 from tests.workers import WorkerProcess
 
+#: The test modules of what the supported Django series do differently: the task API
+#: (decorator, results, signals, the 5.2 backport), the admin, migrations, checks and the
+#: worker command running real tasks. The Django-version legs of ``.ci/run`` run only
+#: these (``-m django_surface``); the SQL, leases and crash tests depend on the server,
+#: not on Django, and run in full on both servers' legs.
+DJANGO_SURFACE = frozenset(
+    {
+        "test_admin_actions.py",
+        "test_admin_concurrency.py",
+        "test_admin_dead_letters.py",
+        "test_admin_dependencies.py",
+        "test_admin_detail.py",
+        "test_admin_flow.py",
+        "test_admin_formatting.py",
+        "test_admin_inbox.py",
+        "test_admin_input.py",
+        "test_admin_lag.py",
+        "test_admin_navigation.py",
+        "test_admin_pauses.py",
+        "test_admin_permissions.py",
+        "test_admin_schedules.py",
+        "test_admin_unknown_tasks.py",
+        "test_admin_workers.py",
+        "test_argument_fidelity.py",
+        "test_backend.py",
+        "test_bulk_validation.py",
+        "test_checks.py",
+        "test_coalesce.py",
+        "test_conf.py",
+        "test_dependencies.py",
+        "test_enqueue.py",
+        "test_idempotency.py",
+        "test_metrics_view.py",
+        "test_migrations.py",
+        "test_not_migrated.py",
+        "test_operator.py",
+        "test_payload.py",
+        "test_schedule_checks.py",
+        "test_schedule_plan.py",
+        "test_task_failures.py",
+        "test_task_results.py",
+        "test_tracing.py",
+        "test_two_databases.py",
+        "test_unknown_tasks.py",
+        "test_validation.py",
+        "test_worker_inprocess.py",
+        "test_worker_jobs.py",
+        "test_worker_log_extra.py",
+        "test_worker_logging.py",
+        "test_workflows.py",
+    }
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Start the embedded server (unless DATABASE_URL is set) before any test connects."""
+    tests = Path(__file__).parent
+    # A renamed module would otherwise drop out of the Django-version legs unnoticed.
+    missing = sorted(name for name in DJANGO_SURFACE if not (tests / name).is_file())
+    if missing:
+        raise pytest.UsageError(f"DJANGO_SURFACE names missing test modules: {missing}")
     ensure_server()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of :data:`DJANGO_SURFACE` modules ``django_surface``."""
+    for item in items:
+        if item.path.name in DJANGO_SURFACE:
+            item.add_marker(pytest.mark.django_surface)
 
 
 @pytest.fixture(autouse=True)
