@@ -24,10 +24,11 @@ from tests.database import embedded_server, ensure_server, rebuild_embedded_serv
 from tests.workers import WorkerProcess
 
 #: The test modules of what the supported Django series do differently: the task API
-#: (decorator, results, signals, the 5.2 backport), the admin, migrations, checks and the
-#: worker command running real tasks. The Django-version legs of ``.ci/run`` run only
-#: these (``-m django_surface``); the SQL, leases and crash tests depend on the server,
-#: not on Django, and run in full on both servers' legs.
+#: (decorator, results, signals, the 5.2 backport), the admin, migrations, checks, and
+#: the worker command running real tasks under Django's autoreloader or without it. The
+#: Django-version legs of ``.ci/run`` run only these (``-m django_surface``); the SQL,
+#: lease and crash tests depend on the server, not on Django, and run in full on both
+#: servers' legs.
 DJANGO_SURFACE = frozenset(
     {
         "test_admin_actions.py",
@@ -72,6 +73,7 @@ DJANGO_SURFACE = frozenset(
         "test_worker_jobs.py",
         "test_worker_log_extra.py",
         "test_worker_logging.py",
+        "test_worker_reload.py",
         "test_workflows.py",
     }
 )
