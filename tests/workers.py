@@ -53,6 +53,9 @@ class WorkerProcess:
             "DATABASE_URL": db_url,
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "PYTHONUNBUFFERED": "1",
+            # A worker that hangs is sent SIGABRT (see wait()): faulthandler then prints
+            # every thread's stack, which says where it hung.
+            "PYTHONFAULTHANDLER": "1",
         }
         for key, value in (settings or {}).items():
             env[f"PGQUEUE_{key}"] = json.dumps(value)
@@ -101,7 +104,16 @@ class WorkerProcess:
         try:
             return self.process.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.dump_stacks()
             raise AssertionError(f"worker {self.pid} did not exit\n{self.output()}") from None
+
+    def dump_stacks(self) -> None:
+        """Abort a hung worker so that faulthandler prints every thread's stack to its log."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(10)
 
     def output(self) -> str:
         """Return everything the worker printed so far."""
@@ -115,6 +127,7 @@ class WorkerProcess:
                 os.killpg(self.pid, signal.SIGTERM)
                 self.process.wait(10)
             except (subprocess.TimeoutExpired, ProcessLookupError):
+                self.dump_stacks()  # its log then says where it hung
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, signal.SIGKILL)
                 self.process.wait(10)
