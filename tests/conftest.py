@@ -80,7 +80,8 @@ DJANGO_SURFACE = frozenset(
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Start the embedded server (unless DATABASE_URL is set) before any test connects."""
+    """Check that :data:`DJANGO_SURFACE` names existing modules, then start the embedded
+    server (unless DATABASE_URL is set) before any test connects."""
     tests = Path(__file__).parent
     # A renamed module would otherwise drop out of the Django-version legs unnoticed.
     missing = sorted(name for name in DJANGO_SURFACE if not (tests / name).is_file())

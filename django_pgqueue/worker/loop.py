@@ -16,14 +16,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import Empty, SimpleQueue
-from types import FrameType
 from typing import Any
 
 import psycopg
@@ -47,6 +45,7 @@ from .options import WorkerOptions
 from .pacing import AdaptivePrefetch
 from .pools import AsyncRunner, ThreadPool
 from .scheduler import Scheduler
+from .stopsignal import SignalRelay
 
 __all__ = ["Worker"]
 
@@ -140,7 +139,10 @@ class Worker:
         return 0
 
     def request_stop(self) -> None:
-        """Begin a graceful shutdown; a second call makes it immediate. Signal-safe."""
+        """Begin a graceful shutdown; a second call makes it immediate.
+
+        Thread-safe, but not for a signal handler: it sets an event the main thread
+        waits on (SIGTERM and SIGINT reach it through a :class:`SignalRelay`)."""
         self._stop_requests += 1
         self._wake.set()
 
@@ -153,17 +155,8 @@ class Worker:
         ):
             yield
             return
-
-        def handler(signum: int, frame: FrameType | None) -> None:
-            # Only set flags here: the loop does the work at a safe point.
-            self.request_stop()
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with SignalRelay(lambda signum: self.request_stop(), name=f"pgqueue signals {self.id}"):
             yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
 
     def _register(self) -> bool:
         backoff = 0.2

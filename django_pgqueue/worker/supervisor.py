@@ -20,18 +20,27 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
-from types import FrameType
 
 from django.db import connections
 
 from . import observe
 from .options import WorkerOptions, default_worker_id
+from .stopsignal import STOP_SIGNALS, SignalRelay
 
 __all__ = ["Supervisor"]
 
 logger = logging.getLogger("django_pgqueue.worker")
 
 _MAX_BACKOFF = 30.0
+
+
+def _run_child(main: Callable[[WorkerOptions], None], options: WorkerOptions) -> None:
+    # The fork copied the supervisor's handlers, which write to the supervisor's relay
+    # pipe: a stop signal arriving before the worker installs its own must end this
+    # child (it holds no job yet), not reach the supervisor as if sent to it.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    main(options)
 
 
 def _child_main(options: WorkerOptions) -> None:
@@ -63,55 +72,57 @@ class Supervisor:
 
     def run(self) -> int:
         """Supervise until stopped (or, in burst mode, until every child is done)."""
-        previous = {
-            sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)
-        }
-        try:
-            for slot in range(self.processes):
-                self._spawn(slot)
-            backoff = dict.fromkeys(range(self.processes), 1.0)
-            forwarded = 0
-            while self._children:
-                if self._stop_requests > forwarded:
-                    forwarded = self._stop_requests
-                    self._forward(signal.SIGTERM)
-                self._wake.wait(0.2)
-                self._wake.clear()
-                for slot, child in list(self._children.items()):
-                    if child.is_alive():
-                        continue
-                    child.join()
-                    del self._children[slot]
-                    if child.pid is not None:
-                        observe.current.process_exited(child.pid)
-                    code = child.exitcode
-                    if self._stop_requests:
-                        continue
-                    if code == 0 and self.options.burst:
-                        continue
-                    if code != 0:
-                        logger.warning(
-                            "worker process %s exited with %s; restarting in %.0fs",
-                            child.pid,
-                            code,
-                            backoff[slot],
-                        )
-                        self._sleep(backoff[slot])
-                        backoff[slot] = min(backoff[slot] * 2, _MAX_BACKOFF)
-                    else:
-                        backoff[slot] = 1.0
-                    if not self._stop_requests:
-                        self.restarts += 1
-                        self._spawn(slot)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        with self._stop_signals():
+            return self._supervise()
+
+    def _stop_signals(self) -> SignalRelay:
+        return SignalRelay(self._on_signal, name="pgqueue supervisor signals")
+
+    def _supervise(self) -> int:
+        for slot in range(self.processes):
+            self._spawn(slot)
+        backoff = dict.fromkeys(range(self.processes), 1.0)
+        forwarded = 0
+        while self._children:
+            if self._stop_requests > forwarded:
+                forwarded = self._stop_requests
+                self._forward(signal.SIGTERM)
+            self._wake.wait(0.2)
+            self._wake.clear()
+            for slot, child in list(self._children.items()):
+                if child.is_alive():
+                    continue
+                child.join()
+                del self._children[slot]
+                if child.pid is not None:
+                    observe.current.process_exited(child.pid)
+                code = child.exitcode
+                if self._stop_requests:
+                    continue
+                if code == 0 and self.options.burst:
+                    continue
+                if code != 0:
+                    logger.warning(
+                        "worker process %s exited with %s; restarting in %.0fs",
+                        child.pid,
+                        code,
+                        backoff[slot],
+                    )
+                    self._sleep(backoff[slot])
+                    backoff[slot] = min(backoff[slot] * 2, _MAX_BACKOFF)
+                else:
+                    backoff[slot] = 1.0
+                if not self._stop_requests:
+                    self.restarts += 1
+                    self._spawn(slot)
         return 0
 
     def _spawn(self, slot: int) -> None:
         connections.close_all()  # never share a database connection with a child
         child = self._context.Process(
-            target=self._child_main, args=(self.options,), name=f"pgqueue-worker-{slot}"
+            target=_run_child,
+            args=(self._child_main, self.options),
+            name=f"pgqueue-worker-{slot}",
         )
         child.start()
         self._children[slot] = child
@@ -128,7 +139,7 @@ class Supervisor:
         while not self._stop_requests and time.monotonic() < deadline:
             self._wake.wait(deadline - time.monotonic())
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        # Only set flags: the loop forwards the signal at a safe point.
+    def _on_signal(self, signum: int) -> None:
+        # On the relay's thread: the loop forwards the signal at a safe point.
         self._stop_requests += 1
         self._wake.set()
