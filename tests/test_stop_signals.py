@@ -83,6 +83,26 @@ def test_each_signal_is_relayed_once_in_order_and_handlers_come_back():
     assert (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGUSR2)) == before
 
 
+def test_entering_outside_the_main_thread_fails_and_leaves_nothing_behind():
+    before = signal.getsignal(signal.SIGUSR1)
+    threads = threading.active_count()
+    errors: list[BaseException] = []
+
+    def enter() -> None:
+        try:
+            with SignalRelay(lambda signum: None, signals=(signal.SIGUSR1,)):
+                pass
+        except ValueError as error:  # signal only works in main thread
+            errors.append(error)
+
+    thread = threading.Thread(target=enter)
+    thread.start()
+    thread.join(10)
+    assert len(errors) == 1
+    assert signal.getsignal(signal.SIGUSR1) == before
+    assert threading.active_count() == threads
+
+
 def test_the_callback_may_take_a_lock_the_interrupted_thread_holds():
     lock = threading.Lock()
     relayed = threading.Event()

@@ -62,16 +62,31 @@ class SignalRelay:
         self._read_fd, self._write_fd = os.pipe()
         # Never block the main thread: a full pipe already holds plenty of requests.
         os.set_blocking(self._write_fd, False)
-        self._thread = threading.Thread(target=self._relay, name=self._name, daemon=True)
-        self._thread.start()
         write_fd = self._write_fd
 
         def handler(signum: int, frame: FrameType | None) -> None:
-            with contextlib.suppress(BlockingIOError):
+            # Full (plenty of requests wait already) or closed (the relay has ended and
+            # someone reinstalled this handler): nothing a handler could do better.
+            with contextlib.suppress(OSError):
                 os.write(write_fd, bytes((signum,)))
 
-        self._previous = {sig: signal.signal(sig, handler) for sig in self._signals}
+        try:
+            for sig in self._signals:
+                self._previous[sig] = signal.signal(sig, handler)
+        except BaseException:  # not the main thread, say: leave nothing behind
+            self._restore()
+            os.close(self._read_fd)
+            os.close(self._write_fd)
+            raise
+        # Signals received before the thread runs wait in the pipe.
+        self._thread = threading.Thread(target=self._relay, name=self._name, daemon=True)
+        self._thread.start()
         return self
+
+    def _restore(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
 
     def __exit__(
         self,
@@ -79,9 +94,7 @@ class SignalRelay:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous = {}
+        self._restore()
         # A blocking write: the relay thread is reading, so it cannot wait long.
         os.set_blocking(self._write_fd, True)
         os.write(self._write_fd, bytes((_CLOSE,)))
