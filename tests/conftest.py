@@ -79,15 +79,97 @@ DJANGO_SURFACE = frozenset(
 )
 
 
+#: The other test modules: the server's side (SQL, leases, crashes, partitions, flow
+#: control, the browser, soak). Every module is in exactly one of the two sets, so a new
+#: one cannot miss the Django-version legs by being forgotten: it must be placed.
+SERVER_SIDE = frozenset(
+    {
+        "test_adaptive_prefetch.py",
+        "test_admin_browser.py",
+        "test_admin_browser_cancel.py",
+        "test_admin_browser_dependencies.py",
+        "test_admin_browser_flow.py",
+        "test_admin_browser_pauses.py",
+        "test_admin_indexes.py",
+        "test_attempt_bookkeeping.py",
+        "test_bookkeeping_locks.py",
+        "test_cancel_running.py",
+        "test_check_invalid_indexes.py",
+        "test_claim.py",
+        "test_claim_rounds.py",
+        "test_concurrency_claim_cost.py",
+        "test_concurrency_limits.py",
+        "test_concurrent_index.py",
+        "test_documents.py",
+        "test_embedded.py",
+        "test_example_project.py",
+        "test_fencing.py",
+        "test_flow_combinations.py",
+        "test_housekeeping.py",
+        "test_indexes.py",
+        "test_invariants.py",
+        "test_lease_loss_races.py",
+        "test_metrics_indexes.py",
+        "test_migration_interrupted.py",
+        "test_module_sets.py",
+        "test_outcome_storage.py",
+        "test_partition_claim_cost.py",
+        "test_partition_liveness.py",
+        "test_partition_ring.py",
+        "test_partition_state.py",
+        "test_partitions.py",
+        "test_pause.py",
+        "test_pgbouncer.py",
+        "test_plain_claim.py",
+        "test_queuebench.py",
+        "test_queuehealth.py",
+        "test_rate_limits.py",
+        "test_reaper.py",
+        "test_recorder.py",
+        "test_schedule_cadence.py",
+        "test_schedule_firing.py",
+        "test_schedule_limits.py",
+        "test_schedule_sync_wait.py",
+        "test_schedule_workers.py",
+        "test_soak.py",
+        "test_soak_faults.py",
+        "test_sql_files.py",
+        "test_state_model.py",
+        "test_stop_signals.py",
+        "test_timed_out_handlers.py",
+        "test_worker_crashes.py",
+        "test_worker_faults.py",
+        "test_worker_hot_path.py",
+        "test_worker_metrics.py",
+        "test_worker_partitions.py",
+        "test_worker_registry.py",
+        "test_worker_shutdown.py",
+        "test_worker_supervisor.py",
+        "test_worker_wakeup.py",
+    }
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Check that :data:`DJANGO_SURFACE` names existing modules, then start the embedded
-    server (unless DATABASE_URL is set) before any test connects."""
-    tests = Path(__file__).parent
-    # A renamed module would otherwise drop out of the Django-version legs unnoticed.
-    missing = sorted(name for name in DJANGO_SURFACE if not (tests / name).is_file())
-    if missing:
-        raise pytest.UsageError(f"DJANGO_SURFACE names missing test modules: {missing}")
+    """Check that every test module is in exactly one of :data:`DJANGO_SURFACE` and
+    :data:`SERVER_SIDE`, then start the embedded server (unless DATABASE_URL is set)
+    before any test connects."""
+    check_module_sets(Path(__file__).parent)
     ensure_server()
+
+
+def check_module_sets(tests: Path) -> None:
+    """Raise a UsageError naming any test module not placed, placed twice, or gone."""
+    # A renamed or new module would otherwise drop out of the Django-version legs unnoticed.
+    present = {path.name for path in tests.glob("test_*.py")}
+    problems = {
+        "in neither DJANGO_SURFACE nor SERVER_SIDE": present - DJANGO_SURFACE - SERVER_SIDE,
+        "in both DJANGO_SURFACE and SERVER_SIDE": DJANGO_SURFACE & SERVER_SIDE,
+        "listed but missing": (DJANGO_SURFACE | SERVER_SIDE) - present,
+    }
+    found = [f"{what}: {sorted(names)}" for what, names in problems.items() if names]
+    if found:
+        raise pytest.UsageError("tests/conftest.py's module sets: " + "; ".join(found))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
