@@ -19,6 +19,7 @@ import pytest
 from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.worker import Worker, WorkerOptions
+from django_pgqueue.worker.exitwatch import WRITE_ALLOWANCE_SECONDS, OverdueWriteWatchdog
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -144,3 +145,127 @@ def test_an_error_in_the_recorder_stops_the_worker_like_one_in_the_dispatcher(
         [[job.id for job in jobs]],
     ).fetchall()
     assert ("succeeded",) not in statuses
+
+
+def test_a_completion_stuck_on_a_row_lock_does_not_hold_the_shutdown_past_its_grace(
+    db_url,
+    observer: psycopg.Connection[Any],
+    open_connection: Callable[..., psycopg.Connection[Any]],
+    in_process_ledger: Any,
+    caplog: pytest.LogCaptureFixture,
+):
+    # Another session holds the finished job's row for longer than the grace period (an
+    # operator's open transaction): the stopping worker cancels its stuck write, hands
+    # back the job still running and exits, instead of waiting for the lock.
+    finished = Job.objects.enqueue("tests.tasks.ledger_sleep", kwargs={"seconds": 0.5})
+    running = Job.objects.enqueue("tests.tasks.ledger_sleep", kwargs={"seconds": 60.0})
+    worker = Worker(_options(concurrency=2, prefetch_window=0, grace_seconds=1.0))
+    thread = threading.Thread(target=worker.run)
+    blocker = open_connection(prepare=False)
+    try:
+        thread.start()
+        _poll(
+            "both jobs start",
+            lambda: observer.execute(
+                "SELECT count(*) = 2 FROM tests_ledgerentry "
+                "WHERE job_id = ANY(%s) AND event = 'start'",
+                [[finished.id, running.id]],
+            ).fetchone()[0],
+        )
+        blocker.execute("BEGIN")
+        blocker.execute("SELECT 1 FROM django_pgqueue_job WHERE id = %s FOR UPDATE", [finished.id])
+        _poll(
+            "the finished job's completion waits on the locked row",
+            lambda: observer.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE %s AND wait_event_type = 'Lock'",
+                [f"pgqueue recorder {worker.id}"[:63]],
+            ).fetchone(),
+        )
+        worker.request_stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the shutdown waited on the locked row past its grace"
+        # Still locked by the blocker: the write was cancelled, not finished.
+        assert blocker.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    finally:
+        if blocker.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            blocker.execute("ROLLBACK")
+        if thread.is_alive():
+            worker.request_stop()
+            thread.join(30)
+    rows = dict(
+        observer.execute(
+            "SELECT id, status FROM django_pgqueue_job WHERE id = ANY(%s)",
+            [[finished.id, running.id]],
+        ).fetchall()
+    )
+    # Nothing recorded for the finished job: it keeps its lease (attempt counted) and
+    # comes back when the lease expires. The running one was released, attempt refunded.
+    assert rows == {finished.id: "processing", running.id: "pending"}
+    assert observer.execute(
+        "SELECT attempts FROM django_pgqueue_job WHERE id = %s", [running.id]
+    ).fetchone() == (0,)
+    assert "cancelled it" in caplog.text
+    assert not observer.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE %s",
+        [f"pgqueue % {worker.id}"[:63]],
+    ).fetchone(), "a connection of the stopped worker is still open"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("now", "started", "stop_now", "overdue"),
+    [
+        (100.0, None, False, False),  # no write under way
+        (100.0, 90.0, False, False),  # inside the grace period
+        (110.0, 109.0, False, False),  # grace over, but the write just began
+        (110.0, 108.0, False, True),  # grace over and the write had its allowance
+        (105.0, 102.0, True, True),  # a second signal ended the grace period
+        (105.0, 104.0, True, False),  # ... still, a write gets its allowance
+    ],
+)
+def test_the_exit_watchdog_cancels_only_a_write_past_grace_and_allowance(
+    now: float, started: float | None, stop_now: bool, overdue: bool
+):
+    clock = _Clock()
+    clock.now = now
+    watchdog = OverdueWriteWatchdog(
+        grace_ends=108.0,
+        write_started=lambda: started,
+        cancel=lambda: True,
+        stop_now=lambda: stop_now,
+        clock=clock,
+    )
+    assert watchdog.overdue() is overdue
+    assert WRITE_ALLOWANCE_SECONDS == 2.0
+
+
+def test_the_exit_watchdog_keeps_cancelling_until_the_write_ends():
+    # A cancel that lands between two statements cancels nothing: the watchdog tries
+    # again while a write is overdue, and stops once none runs.
+    writes = threading.Event()
+    calls: list[int] = []
+
+    def cancel() -> bool:
+        calls.append(1)
+        if len(calls) >= 3:
+            writes.set()
+        return len(calls) >= 3
+
+    with OverdueWriteWatchdog(
+        grace_ends=0.0,
+        write_started=lambda: None if writes.is_set() else 0.0,
+        cancel=cancel,
+        stop_now=lambda: False,
+    ) as watchdog:
+        assert writes.wait(10), "the watchdog stopped trying"
+    assert len(calls) == 3
+    assert watchdog.cancelled == 1

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from django.db import utils as django_db_utils
+from psycopg import pq
 
 from ..manager import PsycopgRunner, QueueStore
 from ..pgconn import connect
@@ -88,3 +89,17 @@ class ConnectionSlot:
                 logger.debug("closing broken connection %s failed", self.name, exc_info=True)
 
     close = reset
+
+    def cancel_statement(self) -> bool:
+        """Cancel the statement running on the connection now; return whether one was.
+
+        Callable from any thread: it takes no lock, since the thread running the
+        statement holds the slot's. The cancelled statement raises QueryCanceled there.
+        """
+        connection = self._connection
+        if connection is None or connection.closed:
+            return False
+        if connection.pgconn.transaction_status != pq.TransactionStatus.ACTIVE:
+            return False
+        connection.cancel_safe(timeout=5.0)
+        return True

@@ -37,6 +37,7 @@ from ..storable import storable_failure, storable_text
 from . import observe
 from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 from .execution import InFlight, JobRunner, Outcome, OutcomeKind, TaskResolver
+from .exitwatch import OverdueWriteWatchdog
 from .heartbeat import Heartbeat
 from .housekeeping import Housekeeper
 from .listener import Listener
@@ -74,6 +75,9 @@ class Worker:
         self._recorder: threading.Thread | None = None
         self._recorder_stop = threading.Event()
         self._recorder_error: BaseException | None = None
+        # When the outcome write under way began (monotonic), None between writes: the
+        # shutdown's watchdog cancels one that outlives the grace period.
+        self._write_started: float | None = None
         # While the recorder runs it wakes the dispatcher after each write (capacity came
         # free); without it (shutdown), each delivered outcome does.
         self._wake_on_deliver = True
@@ -539,6 +543,7 @@ class Worker:
         self._adaptive.finished(len(outcomes))
         for outcome in outcomes:
             self._settle_timeout(outcome)
+        self._write_started = time.monotonic()
         try:
             self._recorder_slot.run(lambda store: self._write_outcomes(store, outcomes))
         except CONNECTION_ERRORS as error:
@@ -548,6 +553,8 @@ class Worker:
         except TRANSIENT_ERRORS as error:
             logger.warning("recording %d outcomes failed (%s); will retry", len(outcomes), error)
             self._undelivered = [outcome for outcome in outcomes if not outcome.written]
+        finally:
+            self._write_started = None
         return True
 
     def _settle_timeout(self, outcome: Outcome) -> None:
@@ -885,6 +892,34 @@ class Worker:
         crashes its worker every time still reaches dead_letter within max_attempts.
         """
         grace_ends = time.monotonic() + self.options.grace_seconds
+        # A write stuck on a row lock must not hold the shutdown past the grace period.
+        watchdog = OverdueWriteWatchdog(
+            grace_ends=grace_ends,
+            write_started=lambda: self._write_started,
+            cancel=self._recorder_slot.cancel_statement,
+            stop_now=lambda: self._stop_requests >= 2,
+        )
+        with watchdog:
+            self._finish_or_give_back(grace_ends, crashed=crashed)
+        for component in (self._listener, self._heartbeat, self._housekeeper, self._scheduler):
+            if component is not None:
+                component.stop()
+        if self._heartbeat is not None:
+            self._heartbeat.join(5)
+        self._set_registry_status(WorkerStatus.DEAD)
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._async.shutdown()
+        for component in (self._listener, self._housekeeper, self._scheduler):
+            if component is not None:
+                component.join(1)
+        self._slot.close()
+        self._recorder_slot.close()
+        self._control.close()
+        self._steps.close()
+
+    def _finish_or_give_back(self, grace_ends: float, *, crashed: bool) -> None:
+        """Record what finished, give back what did not (see _shutdown)."""
         self._stop_recorder()
         self.status = WorkerStatus.DRAINING
         self._set_registry_status(WorkerStatus.DRAINING)
@@ -925,22 +960,6 @@ class Worker:
                 "worker %s: releasing %d unfinished jobs at shutdown", self.id, len(running)
             )
             self._release(running, "worker shut down before the job finished")
-        for component in (self._listener, self._heartbeat, self._housekeeper, self._scheduler):
-            if component is not None:
-                component.stop()
-        if self._heartbeat is not None:
-            self._heartbeat.join(5)
-        self._set_registry_status(WorkerStatus.DEAD)
-        if self._pool is not None:
-            self._pool.shutdown()
-        self._async.shutdown()
-        for component in (self._listener, self._housekeeper, self._scheduler):
-            if component is not None:
-                component.join(1)
-        self._slot.close()
-        self._recorder_slot.close()
-        self._control.close()
-        self._steps.close()
 
     def _record_outcomes_at_exit(self) -> None:
         try:
