@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 import uuid
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from django_pgqueue.compat import TaskResultStatus, task_backends
+from django_pgqueue.models import Job
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -80,3 +82,37 @@ def test_reload_and_processes_do_not_mix(workers):
     worker = workers("--reload", "--processes", "2")
     assert worker.wait() == 2
     assert "--reload cannot be combined with --processes" in worker.output()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_drains_the_reloading_worker(workers, observer, signum):
+    # SIGTERM to the parent alone (docker stop, kill), or SIGINT to the whole process
+    # group (Ctrl-C in a terminal): either way the running job finishes and is recorded,
+    # instead of the child being SIGKILLed and the job waiting out its lease.
+    worker = workers("--reload", "--poll-interval", "0.1", "--grace-seconds", "30")
+    job = Job.objects.enqueue("tests.tasks.ledger_sleep", kwargs={"seconds": 2.0})
+    wait_for(
+        lambda: observer.execute(
+            "SELECT 1 FROM tests_ledgerentry WHERE job_id = %s AND event = 'start'", [job.id]
+        ).fetchone(),
+        timeout=60,
+        message="the job to start",
+    )
+    if signum == signal.SIGINT:
+        os.killpg(worker.pid, signum)
+    else:
+        worker.send(signum)
+    assert worker.wait(60) == 0
+    assert observer.execute(
+        "SELECT status FROM django_pgqueue_job WHERE id = %s", [job.id]
+    ).fetchone() == ("succeeded",)
+    events = [
+        row[0]
+        for row in observer.execute(
+            "SELECT event FROM tests_ledgerentry WHERE job_id = %s ORDER BY id", [job.id]
+        ).fetchall()
+    ]
+    assert events == ["start", "end"]
+    output = worker.output()
+    assert "stopped after 1 jobs" in output
+    assert output.count("started: queues=") == 1

@@ -6,11 +6,22 @@ main thread watches every imported module (the tasks included), and a change mak
 child exit with code 3, which the parent answers with a fresh child. Before that exit,
 the worker is asked to stop gracefully, so jobs it runs finish (within the grace period)
 and jobs it holds go back to the queue at once instead of waiting for their leases.
+
+A stop signal drains the worker too. Django's own parent answers SIGTERM by exiting,
+and its ``subprocess.run`` then SIGKILLs the child: the running jobs waited out their
+leases. So the parent here is our own loop around Django's child arguments: it passes
+SIGTERM on to the child and waits for it, and the child, once Django's handler has ended
+its reloader (SIGTERM) or Ctrl-C has (SIGINT, which the terminal sends to both
+processes), stops its worker gracefully before it exits.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -18,15 +29,78 @@ from django.utils import autoreload
 
 from .loop import Worker
 from .options import WorkerOptions
+from .stopsignal import SignalRelay
 
 __all__ = ["run_with_reloader"]
 
 logger = logging.getLogger("django_pgqueue.worker")
 
 
+#: The exit code with which Django's reloader asks for a fresh child.
+RESTART_CODE = 3
+
+
 def run_with_reloader(options: WorkerOptions) -> None:
-    """Run a worker under Django's autoreloader until it exits or is interrupted."""
-    autoreload.run_with_reloader(_ReloadingWorker(options).run)
+    """Run a worker under Django's autoreloader until it exits or is stopped."""
+    if os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) == "true":
+        _run_child(options)
+    else:
+        sys.exit(_run_parent())
+
+
+def _run_parent() -> int:
+    """Start children until one exits other than for a restart; return its exit code."""
+    environ = {**os.environ, autoreload.DJANGO_AUTORELOAD_ENV: "true"}
+    if _unbuffered():
+        environ.setdefault("PYTHONUNBUFFERED", "1")
+    arguments = autoreload.get_child_arguments()
+    lock = threading.Lock()
+    state: dict[str, Any] = {"stopping": False, "child": None}
+
+    def on_signal(signum: int) -> None:
+        with lock:
+            state["stopping"] = True
+            child = state["child"]
+        # SIGINT from a terminal reaches the child as well (one process group); passing
+        # it on would make it a second request, which skips the grace period.
+        if signum == signal.SIGTERM and child is not None and child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+
+    with SignalRelay(on_signal, name="pgqueue reload signals"):
+        while True:
+            with lock:  # a signal either stops the loop here or finds the child
+                if state["stopping"]:  # before the first child, or between two
+                    return 0
+                child = state["child"] = subprocess.Popen(arguments, env=environ, close_fds=False)
+            code = child.wait()
+            if code != RESTART_CODE:
+                return code
+
+
+def _unbuffered() -> bool:
+    # python -u (alone or among other single-letter flags) is not among the options
+    # get_child_arguments() passes on; the environment variable does the same.
+    return any(
+        argument == "-u"
+        or (
+            argument.startswith("-")
+            and not argument.startswith(("--", "-X", "-W"))
+            and argument[1:].isalpha()
+            and "u" in argument
+        )
+        for argument in getattr(sys, "orig_argv", ())[1:]
+    )
+
+
+def _run_child(options: WorkerOptions) -> None:
+    reloading = _ReloadingWorker(options)
+    try:
+        autoreload.run_with_reloader(reloading.run)
+    except SystemExit as exit_:
+        if exit_.code != RESTART_CODE:  # Django's SIGTERM handler exited the reloader
+            reloading.drain()
+        raise
+    reloading.drain()  # Ctrl-C ended the reloader (or the worker finished)
 
 
 class _ReloadingWorker:
@@ -39,6 +113,7 @@ class _ReloadingWorker:
         self.reloader: Any = None
         self.finished = threading.Event()
         self._lock = threading.Lock()
+        self._stop_requested = False
 
     def run(self) -> None:
         """Run the worker in this (non-main) thread; stop the reloader once it returns."""
@@ -55,6 +130,20 @@ class _ReloadingWorker:
             if reloader is not None:
                 reloader.stop()  # --burst or --max-jobs is done: let the process exit
 
+    def drain(self) -> None:
+        """Stop the worker gracefully and wait for it; a further signal stops it at once.
+
+        Call in the main thread, once the reloader has ended.
+        """
+        if self.thread is None or self.finished.is_set():
+            return
+        with SignalRelay(lambda signum: self.worker.request_stop(), name="pgqueue signals"):
+            with self._lock:
+                if not self._stop_requested:
+                    self._stop_requested = True
+                    self.worker.request_stop()
+            self.thread.join(self.grace_seconds + 5.0)
+
     def _reloader_started(self, sender: Any, **kwargs: Any) -> None:
         with self._lock:
             self.reloader = sender
@@ -65,6 +154,8 @@ class _ReloadingWorker:
     def _file_changed(self, sender: Any, file_path: Any, **kwargs: Any) -> None:
         # Runs in the main thread, just before Django exits the child to restart it.
         logger.info("%s changed: restarting the worker", file_path)
+        with self._lock:
+            self._stop_requested = True
         self.worker.request_stop()
         if self.thread is not None:
             self.thread.join(self.grace_seconds + 5.0)
