@@ -53,12 +53,10 @@ _PARTITIONED = Q(partition_key__isnull=False)
 _UNPARTITIONED = Q(partition_key__isnull=True)
 # Predicates are chosen so that each query can use exactly one of these indexes. The
 # worker's prepared statements run with generic plans, made once from the statistics of
-# the moment; an index that "also matches" (say, the partitioned claim index for the
-# head-of-partition probe) would be picked while a table is empty and then walk a deep
-# partition on every probe. pgq_job_claim_part therefore says "partition_bucket IS NOT
-# NULL" (same rows, by pgq_job_bucket_with_key), which the probes by partition_key do not
-# imply; pgq_job_lease and pgq_job_pending name the column they are searched by.
-_BUCKETED = Q(partition_bucket__isnull=False)
+# the moment; an index that "also matches" would be picked while a table is empty and
+# then walk a deep partition on every probe. pgq_job_lease and pgq_job_pending name the
+# column they are searched by. (Partitioned jobs are claimed through the partition
+# table, by primary key: the index that listed them in claim order went in 0014.)
 # Jobs under a concurrency limit are claimed through their key's row
 # (django_pgqueue_concurrency), never from pgq_job_claim: thousands of them waiting on
 # keys at their limit must cost a plain claim nothing.
@@ -208,13 +206,6 @@ class Job(models.Model):
                 fields=["concurrency_key"],
                 name="pgq_job_conc_processing",
                 condition=_PROCESSING & _LIMITED,
-            ),
-            # claim_batch, partitioned branch (the bucket-filtered claim): same order;
-            # the owned-bucket filter and head-of-partition checks run on its rows.
-            models.Index(
-                fields=["queue", "-priority", "available_at", "id"],
-                name="pgq_job_claim_part",
-                condition=_PENDING & _BUCKETED,
             ),
             # claim_batch head check: "is there an older pending row in this partition?"
             models.Index(

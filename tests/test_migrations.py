@@ -136,3 +136,38 @@ def test_0013_swaps_in_smaller_bloom_summaries_under_the_same_name(scratch_datab
         assert "n_distinct_per_range" not in definition
         assert definition.endswith("WITH (pages_per_range='16')")
         assert comment.startswith("admin inbox filters")
+
+
+_PARTITIONED_JOBS = """
+INSERT INTO django_pgqueue_job (
+    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, available_at, created_at, errors, partition_key, partition_bucket
+)
+SELECT 'q', 'app.tasks.t', '[]', '{}', 0, 'pending', 0, 1, 0, now(), now(), '[]',
+    'tenant-' || (g % 50), g % 50
+FROM generate_series(1, 5000) AS g
+"""
+
+
+def test_0014_drops_the_unused_partitioned_claim_index_and_reversing_rebuilds_it(
+    scratch_database,
+):
+    _manage(scratch_database, "migrate", "django_pgqueue", "0013", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        before = conn.execute(_INDEX, ["pgq_job_claim_part"]).fetchone()
+        assert before is not None
+        assert before[1]  # valid
+        conn.execute(_PARTITIONED_JOBS)  # dropped and rebuilt over rows, as on a live table
+
+    _manage(scratch_database, "migrate", "django_pgqueue", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('pgq_job_claim_part')").fetchone() == (None,)
+        # The indexes the partitioned claim does use are all there.
+        for name in ("pgq_job_part_pending", "pgq_job_part_processing", "pgq_job_claim"):
+            assert conn.execute(_INDEX, [name]).fetchone()[1], name
+
+    _manage(scratch_database, "migrate", "django_pgqueue", "0013", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        after = conn.execute(_INDEX, ["pgq_job_claim_part"]).fetchone()
+        assert after == before  # same definition, valid, same comment
+        assert after[2].startswith("claim_batch: ready partitioned jobs")
