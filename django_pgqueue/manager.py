@@ -9,6 +9,7 @@ and prepared statements). :class:`JobManager` is ``Job.objects``: the public ent
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -169,15 +170,26 @@ class JobSnapshot:
         return cls(**{name: row[name] for name in _SNAPSHOT_FIELDS})
 
     def to_job(self, alias: str) -> Job:
-        """Return an unsaved-looking-saved model instance (as loaded from ``alias``)."""
+        """Return the job as a model instance, as if loaded from ``alias``.
+
+        The fields the snapshot lacks (``has_dependents``, ``awaited``) are deferred.
+        """
         from .models import Job
 
-        return Job.from_db(
-            alias, _SNAPSHOT_FIELDS, [getattr(self, name) for name in _SNAPSHOT_FIELDS]
-        )
+        # Model.from_db takes a partial row's values in the model's field order, not in
+        # the order of the names it is given.
+        names = _fields_in_model_order(Job)
+        return Job.from_db(alias, names, [getattr(self, name) for name in names])
 
 
 _SNAPSHOT_FIELDS: tuple[str, ...] = tuple(JobSnapshot.__dataclass_fields__)
+
+
+@functools.cache
+def _fields_in_model_order(model: type[Job]) -> tuple[str, ...]:
+    return tuple(
+        field.attname for field in model._meta.concrete_fields if field.attname in _SNAPSHOT_FIELDS
+    )
 
 
 class Enqueued:

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -144,3 +145,37 @@ def test_run_after_sets_available_at(db):
     when = timezone.now() + dt.timedelta(minutes=5)
     job = Job.objects.enqueue("tests.tasks.noop", available_at=when)
     assert job.available_at == when
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"partition_key": "customer:7", "idempotency_key": "order-7"},
+        {"coalesce_key": "digest:7", "debounce": 30},
+        {"queue": "limited", "priority": 5, "max_attempts": 4},
+    ],
+    ids=["plain", "partitioned", "coalesced", "rate-limited"],
+)
+def test_the_returned_job_equals_the_stored_row_in_every_field(db, options):
+    limits = {"PGQUEUE_RATE_LIMITS": {"queue:limited": "5/s"}}
+    with override_settings(**limits), transaction.atomic():
+        returned = [
+            Job.objects.enqueue("tests.tasks.noop", args=[1], **options),
+            *Job.objects.enqueue_many(
+                [JobSpec(task_path="tests.tasks.noop", args=[2], traceparent=_TRACEPARENT)]
+            ),
+        ]
+    for job in returned:
+        stored = Job.objects.get(pk=job.pk)
+        fields = [f.attname for f in Job._meta.concrete_fields]
+        assert {name: getattr(job, name) for name in fields} == {
+            name: getattr(stored, name) for name in fields
+        }
+    if options:
+        assert returned[0].queue == options.get("queue", "default")
+        assert returned[0].concurrency_key == ("queue:limited" if "queue" in options else None)
+    assert returned[1].traceparent == _TRACEPARENT
+
+
+_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
