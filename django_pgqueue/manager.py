@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import connections, models
 from django.utils import timezone
 
@@ -1770,14 +1771,57 @@ class _Defaults:
 
     @classmethod
     def read(cls) -> _Defaults:
+        cached = _enqueue_settings.get()
         return cls(
-            conf.MAX_ATTEMPTS,
-            conf.MAX_PAYLOAD_BYTES,
-            settings.USE_TZ,
+            cached.max_attempts,
+            cached.payload_limit,
+            cached.use_tz,
             current_traceparent(),
-            conf.CONCURRENCY_LIMITS,
-            conf.RATE_LIMITS,
+            cached.concurrency_limits,
+            cached.rate_limits,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _EnqueueSettings:
+    max_attempts: int
+    payload_limit: int
+    use_tz: bool
+    concurrency_limits: dict[str, int]
+    rate_limits: dict[str, str]
+
+
+class _EnqueueSettingsCache:
+    """The settings every enqueue reads, validated once until a setting changes.
+
+    Reading and validating them took about a quarter of an enqueue's Python time (each
+    ``settings.X`` goes through ``LazySettings``; the limit dicts are checked entry by
+    entry). Django's ``setting_changed`` (sent by ``override_settings``) clears it;
+    invalid settings are never cached, so they raise on every enqueue.
+    """
+
+    def __init__(self) -> None:
+        self._value: _EnqueueSettings | None = None
+
+    def get(self) -> _EnqueueSettings:
+        value = self._value
+        if value is None:
+            value = self._value = _EnqueueSettings(
+                conf.MAX_ATTEMPTS,
+                conf.MAX_PAYLOAD_BYTES,
+                settings.USE_TZ,
+                conf.CONCURRENCY_LIMITS,
+                conf.RATE_LIMITS,
+            )
+        return value
+
+    def forget(self, *, setting: str, **kwargs: Any) -> None:
+        if setting == "USE_TZ" or setting.startswith("PGQUEUE_"):
+            self._value = None
+
+
+_enqueue_settings = _EnqueueSettingsCache()
+setting_changed.connect(_enqueue_settings.forget, dispatch_uid="django_pgqueue.enqueue_settings")
 
 
 def _validated(

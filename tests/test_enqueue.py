@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_pgqueue.conf import conf
+from django_pgqueue.exceptions import ConfigurationError, PayloadTooLarge
 from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.partition import bucket_for
@@ -145,6 +146,29 @@ def test_run_after_sets_available_at(db):
     when = timezone.now() + dt.timedelta(minutes=5)
     job = Job.objects.enqueue("tests.tasks.noop", available_at=when)
     assert job.available_at == when
+
+
+def test_enqueue_reads_changed_settings_and_refuses_invalid_ones_every_time(db):
+    # The settings an enqueue reads are cached until Django says one changed.
+    assert Job.objects.enqueue("tests.tasks.noop").max_attempts == conf.MAX_ATTEMPTS
+    with override_settings(PGQUEUE_MAX_ATTEMPTS=7, PGQUEUE_MAX_PAYLOAD_BYTES=64):
+        assert Job.objects.enqueue("tests.tasks.noop").max_attempts == 7
+        with pytest.raises(PayloadTooLarge):
+            Job.objects.enqueue("tests.tasks.noop", args=["x" * 100])
+    assert Job.objects.enqueue("tests.tasks.noop", args=["x" * 100]).max_attempts == (
+        conf.MAX_ATTEMPTS
+    )
+    with override_settings(PGQUEUE_RATE_LIMITS={"queue:default": "fast"}):
+        for _ in range(2):  # an invalid value is never cached: it fails each time
+            with pytest.raises(ConfigurationError, match="PGQUEUE_RATE_LIMITS"):
+                Job.objects.enqueue("tests.tasks.noop")
+    with override_settings(PGQUEUE_RATE_LIMITS={"queue:default": "5/s"}):
+        limited = Job.objects.enqueue("tests.tasks.noop")
+    unlimited = Job.objects.enqueue("tests.tasks.noop")
+    limited.refresh_from_db()
+    unlimited.refresh_from_db()
+    assert (limited.concurrency_key, limited.rate_limit) == ("queue:default", 5)
+    assert (unlimited.concurrency_key, unlimited.rate_limit) == (None, None)
 
 
 @pytest.mark.parametrize(
