@@ -319,6 +319,7 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
     assert _rows(url, "SELECT count(*) FROM orders_order") == [(orders_before + 1,)]
 
 
+@pytest.mark.one_server
 def test_demo_runs_end_to_end_and_reports_what_it_did():
     # A database that does not exist yet: the demo creates it, migrates and seeds it.
     name = f"pgq_example_demo_{uuid.uuid4().hex[:8]}"

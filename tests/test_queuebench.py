@@ -114,6 +114,7 @@ def test_a_given_task_runs_with_its_arguments(db_url, observer):
     assert outcomes == [("tests.tasks.add", "succeeded", "5", 300)]
 
 
+@pytest.mark.one_server
 def test_worker_memory_is_sampled_across_the_run(db_url):
     report = _report(
         db_url,
@@ -202,6 +203,7 @@ def test_the_tuned_profile_and_explicit_options(db_url):
     assert (config["concurrency"], config["batch_size"], config["prefetch"]) == (1, 500, 50)
 
 
+@pytest.mark.one_server
 def test_io_bound_runs_report_sync_and_async_rates(db_url, observer):
     report = _report(
         db_url,

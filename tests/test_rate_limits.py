@@ -36,6 +36,7 @@ def _max_in_a_sliding_second(starts: list[dt.datetime]) -> int:
     return max(bisect.bisect_left(starts, at + second) - index for index, at in enumerate(starts))
 
 
+@pytest.mark.one_server
 def test_20_per_second_across_4_workers_for_30_seconds(workers, observer):
     tasks.ledger_rated.enqueue_many([((), {})] * 1000)
     for _ in range(4):

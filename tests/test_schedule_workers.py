@@ -15,7 +15,7 @@ from django_pgqueue.periodic import parse_fire_key
 from tests.schedules import PROBE, jobs_per_fire
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.one_server]
 
 PERIOD = timedelta(seconds=2)
 _FIRED = re.compile(r"schedule (\S+) fired for (.+) \((\d+) jobs\)")

@@ -20,7 +20,7 @@ from django_pgqueue.compat import TaskResultStatus, task_backends
 from django_pgqueue.models import Job
 from tests.workers import wait_for
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.one_server]
 
 TASK_MODULE = """
 from django_pgqueue import task
