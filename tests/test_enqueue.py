@@ -6,7 +6,8 @@ import datetime as dt
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
+from django.db.backends.postgresql.base import DatabaseWrapper
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -203,3 +204,36 @@ def test_the_returned_job_equals_the_stored_row_in_every_field(db, options):
 
 
 _TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_with_djangos_opt_in_the_enqueue_statement_is_prepared(db):
+    # What the performance docs suggest for enqueueing: Django's own switches for
+    # server-side binding and prepared statements, honoured by our statements.
+    settings_dict = {
+        **connection.settings_dict,
+        "OPTIONS": {
+            **connection.settings_dict["OPTIONS"],
+            "server_side_binding": True,
+            "prepare_threshold": 2,
+        },
+    }
+    wrapper = DatabaseWrapper(settings_dict, alias=connection.alias)
+    original = connections[connection.alias]
+    connections[connection.alias] = wrapper
+    try:
+        with pytest.raises(_Rollback), transaction.atomic():
+            jobs = [Job.objects.enqueue("tests.tasks.noop", args=[n]) for n in range(3)]
+            with wrapper.cursor() as cursor:
+                cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+                prepared = [row[0] for row in cursor.fetchall()]
+            raise _Rollback
+    finally:
+        connections[connection.alias] = original
+        wrapper.close()
+    assert [job.args for job in jobs] == [[0], [1], [2]]
+    assert any(text.lstrip().startswith("INSERT INTO django_pgqueue_job") for text in prepared)
+    assert not Job.objects.filter(pk__in=[job.pk for job in jobs]).exists()
