@@ -20,7 +20,10 @@ Attribution. Two executions of one job, or of two jobs of one partition, may ove
 when the older one lost its lease to a real fault the test injected into its process (a
 pause, kill -9, terminated connections) or a server restart, at some time between its
 start (less a lease, since a pause can land between claim and start) and the other's start.
-Every other overlap is a violation.
+Every other overlap is a violation. A run after a success is judged the same way, by the
+older of the two leases: usually the success (its outcome was never recorded, so the job
+was claimed again), but it can be the later run, an older lease whose handler started
+late (its process paused between the worker's lease check and the handler's start).
 """
 
 from __future__ import annotations
@@ -419,7 +422,13 @@ def check(
             for later in started:
                 if later.start <= first.until or later is first:
                     continue
-                fault = excuse(first, later.start)
+                # Which lease was lost: the successful one (its outcome never recorded, so
+                # the job was claimed again), or, when the later start holds an older
+                # lease, that one, whose handler started late. The rule is the overlap
+                # check's: a fault on that lease's process, from one lease before its
+                # start.
+                stale = later if later.lease_generation < first.lease_generation else first
+                fault = excuse(stale, later.start)
                 if fault is not None:
                     report.excused[f"re-run after success, {fault.kind}"] += 1
                     continue
@@ -427,11 +436,15 @@ def check(
                     "no job re-run after its handler succeeded",
                     job_id,
                     "its handler returned successfully, then the job ran again with no "
-                    "injected fault on the first execution's process",
+                    + (
+                        "injected fault on the first execution's process"
+                        if stale is first
+                        else "injected fault on the process of the later start's (older) lease"
+                    ),
                     first.describe(),
                     *crashes_after(first),
                     later.describe(),
-                    cause=cause_of(first),
+                    cause=cause_of(stale),
                 )
                 break
 

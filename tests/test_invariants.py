@@ -130,6 +130,41 @@ def test_a_rerun_after_success_and_a_refunded_attempt_are_violations():
     assert rerun.cause == "its worker process crashed (exit 1)"
 
 
+def _late_older_lease() -> Evidence:
+    # Generation 2 (pid 200) succeeded from 0 to 1; generation 1's handler (pid 100) only
+    # started at 2.5, after the job had been claimed again, and failed its fenced end.
+    return evidence(
+        [job(1, attempts=2, errors=[1])],
+        run(1, 2, 0, 1, pid=200),
+        run(1, 1, 2.5, 2.6, pid=100, how="fail"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "excused"),
+    [
+        (Fault("PostgreSQL restart (immediate)", at(1.0), at(1.3)), True),
+        (Fault("pause", at(0.8), at(1.2), frozenset({100})), True),
+        # On the process of the lease that succeeded: not what made the older one start.
+        (Fault("pause", at(0.2), at(0.4), frozenset({200})), False),
+        # On the older lease's process, but more than a lease before its handler started.
+        (Fault("pause", at(0.1), at(0.3), frozenset({100})), False),
+        (None, False),
+    ],
+    ids=["server restart", "pause of its process", "pause of the other", "too early", "none"],
+)
+def test_an_older_lease_starting_after_the_success_is_excused_only_by_a_fault_on_it(fault, excused):
+    report = check(_late_older_lease(), faults=[fault] if fault else [], lease_seconds=2)
+    if excused:
+        assert report.violations == []
+        assert report.excused == {f"re-run after success, {fault.kind}": 1}
+        return
+    assert invariants_broken(report) == {"no job re-run after its handler succeeded"}
+    (violation,) = report.violations
+    assert "older) lease" in violation.detail
+    assert any("generation 1 pid 100" in line for line in violation.lines)
+
+
 def test_partition_overlap_and_order_are_checked():
     report = check(
         evidence(
