@@ -23,7 +23,7 @@ start (less a lease, since a pause can land between claim and start) and the oth
 Every other overlap is a violation. A run after a success is judged the same way, by the
 older of the two leases: usually the success (its outcome was never recorded, so the job
 was claimed again), but it can be the later run, an older lease whose handler started
-late (its process paused between the worker's lease check and the handler's start).
+late (its process paused between the worker's lease check and the handler's start, say).
 """
 
 from __future__ import annotations
