@@ -251,6 +251,15 @@ def test_execution_safety_under_injected_faults(db_url):
     print(f"soak: worker processes that exited on their own, by exit code: {dict(crashed)}")
     print(sampler.summary())
     print(report.summary())
+    if report.violations:
+        # What was injected, and when: a violation is judged by the faults on its processes.
+        print("soak: faults injected, by start:")
+        for fault in sorted(fleet.faults, key=lambda fault: fault.start):
+            pids = "the server" if fault.pids is None else ", ".join(map(str, sorted(fault.pids)))
+            print(
+                f"  {fault.start.isoformat(timespec='milliseconds')} -> "
+                f"{fault.end.isoformat(timespec='milliseconds')} {fault.kind} ({pids})"
+            )
     db.close()
     report_path = os.environ.get("PGQUEUE_SOAK_REPORT")
     if report_path:
