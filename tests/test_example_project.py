@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -255,8 +254,16 @@ def storefront(shop_database: str) -> Iterator[str]:
         wait_for(answers, timeout=60, message="runserver to answer")
         yield base
     finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(20)
+        # SIGTERM rather than Ctrl-C's SIGINT: a shell without job control starts a
+        # background job (a CI run, say) with SIGINT ignored, Python keeps an inherited
+        # SIG_IGN, and runserver then never stops on SIGINT.
+        server.terminate()
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            server.kill()  # never left running into the next test
+            server.wait(5)
+            raise
 
 
 def _checkout(opener: OpenerDirector, base: str, **fields: str) -> tuple[int, str, str]:
