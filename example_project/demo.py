@@ -446,9 +446,7 @@ class Demo:
             if self.worker_status != 0:
                 self.failures.append(f"the worker exited with status {self.worker_status}")
         if self.web is not None:
-            # Not SIGINT: started in the background by a shell without job control, the
-            # demo and its children ignore SIGINT, and runserver would not stop on it.
-            self.web.stop(signal.SIGTERM, 10.0)
+            self.web.stop(signal.SIGINT, 10.0)
             say("web server stopped")
 
     def _stop_database(self) -> None:
