@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from django.conf import settings
 from django.db import connections, transaction
 
 from .backend import PgQueueBackend, resolve_task
@@ -165,6 +166,9 @@ class BenchReport:
 
     config: dict[str, Any]
     server_version: str = ""
+    #: Django's DEBUG in the benchmarking process: with it on, every enqueue's query is
+    #: also recorded in ``connection.queries``, which production does not pay for.
+    django_debug: bool = False
     single_enqueue_per_second: float = 0.0
     single_enqueue_atomic_per_second: float = 0.0
     #: The same connection committing one plain INSERT per transaction: the floor set
@@ -209,6 +213,9 @@ class BenchReport:
             f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}, "
             f"prefetch window {c['prefetch_window']:g}s; "
             f"{c['prefill']} finished jobs already in the table",
+            "  Django DEBUG is on: enqueues also record their queries, as production does not"
+            if self.django_debug
+            else "  Django DEBUG is off",
             f"  task: {c['task_path']}"
             + (
                 f" with args {c['args']!r} kwargs {c['kwargs']!r}"
@@ -263,7 +270,7 @@ def run_benchmark(
 ) -> BenchReport:
     """Run every phase of the benchmark and return the figures."""
     config = resolve_settings(config)
-    report = BenchReport(config=asdict(config))
+    report = BenchReport(config=asdict(config), django_debug=bool(settings.DEBUG))
     conn = connect(config.database, prepare=False, application_name="queuebench")
     try:
         report.server_version = str(_scalar(conn, "SHOW server_version"))

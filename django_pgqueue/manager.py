@@ -874,8 +874,11 @@ class QueueStore:
                     specs, prepared, dependencies, strict=True
                 )
             ]
+        keyed = any(params["idempotency_key"] is not None for params in prepared)
         rows = self._run(
-            "enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=_jobs_document(prepared)
+            "enqueue_many" if keyed else "enqueue_many_unkeyed",
+            channel=conf.NOTIFY_CHANNEL,
+            jobs=_jobs_document(prepared),
         ).rows
         alias = self.runner.alias
         outcomes: list[Enqueued | None] = []

@@ -114,6 +114,8 @@ def test_enqueue_many_inserts_thousands_in_one_statement(db):
     with CaptureQueriesContext(connection) as queries:
         jobs = Job.objects.enqueue_many(specs)
     assert len(queries.captured_queries) == 1
+    # No job has an idempotency key, so nothing can conflict: no speculative insertion.
+    assert "ON CONFLICT" not in queries.captured_queries[0]["sql"]
     assert len(jobs) == 5000
     assert [job.args for job in jobs] == [[index, index] for index in range(5000)]
     assert len({job.pk for job in jobs}) == 5000
@@ -122,15 +124,18 @@ def test_enqueue_many_inserts_thousands_in_one_statement(db):
 
 def test_enqueue_many_resolves_keys_within_the_batch_and_against_existing_jobs(db):
     existing = Job.objects.enqueue("tests.tasks.noop", idempotency_key="old")
-    outcomes = Job.objects.store().enqueue_many(
-        [
-            JobSpec("tests.tasks.noop", idempotency_key="new"),
-            JobSpec("tests.tasks.noop"),
-            JobSpec("tests.tasks.noop", idempotency_key="old"),
-            JobSpec("tests.tasks.noop", idempotency_key="new"),
-            JobSpec("tests.tasks.noop"),
-        ]
-    )
+    with CaptureQueriesContext(connection) as queries:
+        outcomes = Job.objects.store().enqueue_many(
+            [
+                JobSpec("tests.tasks.noop", idempotency_key="new"),
+                JobSpec("tests.tasks.noop"),
+                JobSpec("tests.tasks.noop", idempotency_key="old"),
+                JobSpec("tests.tasks.noop", idempotency_key="new"),
+                JobSpec("tests.tasks.noop"),
+            ]
+        )
+    # One keyed job is enough for the statement that skips taken keys.
+    assert "ON CONFLICT (idempotency_key)" in queries.captured_queries[0]["sql"]
     assert [outcome.created for outcome in outcomes] == [True, True, False, False, True]
     assert outcomes[2].job.pk == existing.pk
     assert outcomes[3].job.pk == outcomes[0].job.pk

@@ -195,6 +195,7 @@ def test_every_job_table_statement_is_covered():
         "enqueue_at",
         "enqueue_idempotent",
         "enqueue_many",
+        "enqueue_many_unkeyed",
         "enqueue_coalesced",
         "fire_schedule",
         "run_schedule_now",

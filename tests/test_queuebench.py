@@ -10,12 +10,19 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from typing import Any
 
 import psycopg
 import pytest
 
-from django_pgqueue.bench import _CEILING_CLAIM, _CEILING_FILL, _PREFILL_SQL
+from django_pgqueue.bench import (
+    _CEILING_CLAIM,
+    _CEILING_FILL,
+    _PREFILL_SQL,
+    BenchConfig,
+    BenchReport,
+)
 from tests.database import REPO
 
 pytestmark = pytest.mark.timeout(300)
@@ -68,6 +75,7 @@ def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, obser
     assert latency["samples"] == 10
     assert 0 <= latency["p50"] <= latency["p99"] <= latency["max"]
     assert report["server_version"]
+    assert report["django_debug"] is False  # tests/settings.py
     # The benchmark's jobs (prefilled history included), workers and counters are gone.
     assert _rows(observer, "SELECT 1 FROM django_pgqueue_job WHERE queue = %s", QUEUE) == []
     assert _rows(observer, "SELECT 1 FROM django_pgqueue_worker WHERE queues ? %s", QUEUE) == []
@@ -81,6 +89,7 @@ def test_the_text_report_names_each_figure(db_url):
     )
     assert done.returncode == 0, done.stderr
     for label in (
+        "Django DEBUG is off",
         "single enqueue (autocommit)",
         "single enqueue (in atomic())",
         "plain INSERT + COMMIT (the floor)",
@@ -251,3 +260,9 @@ def _walk(plan: dict[str, Any]) -> Any:
     yield plan
     for child in plan.get("Plans", []):
         yield from _walk(child)
+
+
+def test_the_text_report_warns_when_django_debug_is_on():
+    config = asdict(BenchConfig(concurrency=10, batch_size=500, prefetch=0, prefetch_window=0.05))
+    assert "DEBUG is on" in BenchReport(config=config, django_debug=True).as_text()
+    assert "DEBUG is on" not in BenchReport(config=config, django_debug=False).as_text()

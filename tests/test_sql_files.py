@@ -121,3 +121,15 @@ def test_the_plain_claim_is_the_claim_without_its_key_branches():
         assert part not in plain
     # Both end with the probe that tells the worker which one to send next.
     assert plain.endswith(full[full.rindex("EXISTS (") :])
+
+
+def test_the_unkeyed_bulk_insert_is_the_bulk_insert_without_its_conflict_clause():
+    full, unkeyed = QUERIES["enqueue_many"].text, QUERIES["enqueue_many_unkeyed"].text
+    assert "ON CONFLICT (idempotency_key)" in full
+    assert "ON CONFLICT" not in unkeyed
+    dropped = [line for line in full.splitlines() if line not in unkeyed.splitlines()]
+    assert [line.strip() for line in dropped] == [
+        "-- begin conflict",
+        "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
+        "-- end conflict",
+    ]
