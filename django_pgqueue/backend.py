@@ -41,6 +41,7 @@ from .compat import (
     TaskResultStatus,
     task_enqueued,
 )
+from .enqueueing import blocker_ids
 from .exceptions import (
     AppNotInstalled,
     InvalidOption,
@@ -51,10 +52,11 @@ from .exceptions import (
 )
 from .flow import check_limit, parse_rate
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
-from .manager import Enqueued, JobSnapshot, JobSpec, QueueStore, blocker_ids
+from .manager import QueueStore
 from .payload import check_key
 from .states import BlockerFailure, JobStatus
 from .tables import is_undefined_table
+from .values import Enqueued, JobSnapshot, JobSpec
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "resolve_task"]
 

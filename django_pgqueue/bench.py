@@ -30,9 +30,11 @@ from .compat import InvalidTask, Task, task_backends
 from .conf import conf
 from .decorators import task as pgqueue_task
 from .exceptions import InvalidArguments
-from .manager import JobSpec, PsycopgRunner, QueueStore
+from .manager import QueueStore
 from .payload import encode_arguments
 from .pgconn import connect
+from .runners import PsycopgRunner
+from .values import JobSpec
 from .worker.options import WorkerOptions, default_worker_id
 
 __all__ = [

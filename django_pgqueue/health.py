@@ -21,8 +21,9 @@ import psycopg
 from django.db import DatabaseError, connections
 from django.db.migrations.executor import MigrationExecutor
 
-from .manager import PsycopgRunner, QueueStore
+from .manager import QueueStore
 from .pgconn import connect
+from .runners import PsycopgRunner
 from .tables import queue_tables
 
 __all__ = ["ProbeResult", "liveness", "readiness"]

@@ -7,3 +7,6 @@ TASK_PATH_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255
 WORKER_ID_MAX_LENGTH = 200
 MAX_ATTEMPTS_LIMIT = 1000
+# Job ids are bigint: ids outside this range are refused before PostgreSQL sees them.
+JOB_ID_MIN = -(2**63)
+JOB_ID_MAX = 2**63 - 1

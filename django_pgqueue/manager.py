@@ -1,51 +1,77 @@
 """The queue manager: the only code that executes queue SQL.
 
 :class:`QueueStore` runs the named statements of ``sql/*.sql`` on one connection and
-returns typed values. It is bound either to a Django connection (:class:`DjangoRunner`,
-so enqueueing joins the caller's transaction and shows up in Django's query logging) or to
-a dedicated psycopg connection of a worker (:class:`PsycopgRunner`, server-side binding
-and prepared statements). :class:`JobManager` is ``Job.objects``: the public entry point.
+returns typed values (:mod:`django_pgqueue.values`). It is bound either to a Django
+connection (a :class:`~django_pgqueue.runners.DjangoRunner`, so enqueueing joins the
+caller's transaction and shows up in Django's query logging) or to a worker's own psycopg
+connection (a :class:`~django_pgqueue.runners.PsycopgRunner`, server-side binding and
+prepared statements). What an enqueue checks before it writes is in
+:mod:`django_pgqueue.enqueueing`. :class:`JobManager` is ``Job.objects``: the public
+entry point.
+
+The values and runners are importable from here too, as they were before they had
+modules of their own.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-from django.core.signals import setting_changed
-from django.db import connections, models
-from django.utils import timezone
+from django.db import models
 
 from .coalescing import check_coalescing
-from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from .conf import conf
-from .exceptions import (
-    InvalidArguments,
-    InvalidOption,
-    LeaseLost,
-    PayloadTooLarge,
-    UnknownDependency,
+from .enqueueing import (
+    EnqueueDefaults,
+    dependent_status,
+    jobs_document,
+    validated,
+    validated_many,
 )
-from .flow import Rate, resolve_limits
-from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH, TASK_PATH_MAX_LENGTH
+from .exceptions import InvalidOption, LeaseLost, UnknownDependency
+from .limits import JOB_ID_MAX, JOB_ID_MIN
 from .notices import lease_channel
-from .partition import bucket_for
-from .payload import check_key, check_text, encode_arguments
+from .payload import check_text
 from .retry import RetryPolicy
-from .sql import QUERIES, Query
+from .runners import DjangoRunner, PsycopgRunner, Result, Runner, load_json
+from .sql import QUERIES
 from .states import BlockerFailure, JobStatus
-from .tracing import current_traceparent
+from .values import (
+    ClaimedJob,
+    ClaimRound,
+    DeadLetterGroup,
+    DueSchedule,
+    Enqueued,
+    FailOutcome,
+    Failure,
+    FireResult,
+    InvalidIndex,
+    JobSnapshot,
+    JobSpec,
+    Lease,
+    LeaseExtension,
+    LiveWorker,
+    OperatorResult,
+    PartitionBlocker,
+    PausedQueue,
+    PausedSchedule,
+    QueueCounts,
+    QueueLag,
+    QueueMinute,
+    QueueTotals,
+    QueueWorkers,
+    ReapedJob,
+    ScheduleDefinition,
+    TableHealth,
+    WorkerHeartbeat,
+    WorkerLoad,
+)
 
 if TYPE_CHECKING:
-    import psycopg
-
     from .models import Job
 
 __all__ = [
@@ -72,11 +98,6 @@ __all__ = [
     "ScheduleDefinition",
 ]
 
-# Columns whose values arrive as JSON text (Django's psycopg setup loads jsonb as text so
-# JSONField can decode it; the worker's connections share that setup).
-_JSON_COLUMNS = frozenset(
-    {"args", "kwargs", "errors", "result", "prior_workers", "metadata", "queues"}
-)
 # Fixed key of the housekeeping advisory lock: the first 8 bytes of sha1("django_pgqueue").
 HOUSEKEEPING_LOCK_KEY = 0x1F2B_8D6A_4C3E_5A71
 # Fixed key of the schedule sync lock: the next 8 bytes of sha1("django_pgqueue").
@@ -88,663 +109,6 @@ OPERATOR_CHUNK = 1000
 CANCEL_PATIENCE = 1.0
 # Partition signals one fold takes (the claim folds before it claims).
 FOLD_BATCH = 1000
-# Job ids are bigint.
-_MIN_JOB_ID = -(2**63)
-_MAX_JOB_ID = 2**63 - 1
-
-
-# ---------------------------------------------------------------------- typed values
-@dataclass(frozen=True, slots=True)
-class JobSpec:
-    """Everything needed to enqueue one job."""
-
-    task_path: str
-    queue: str = "default"
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    priority: int = 0
-    max_attempts: int | None = None
-    available_at: datetime | None = None
-    idempotency_key: str | None = None
-    partition_key: str | None = None
-    #: Jobs sharing a concurrency key run at most ``concurrency_limit`` at a time, in any
-    #: order (a key without a limit is an error; see :mod:`django_pgqueue.flow`).
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    #: At most N starts per period for the job's key: ``"20/s"``, ``"1000/h"``, a Rate.
-    rate_limit: str | Rate | None = None
-    #: W3C traceparent of the span that enqueued the job (None: the current span's, if
-    #: OpenTelemetry is installed and a span is active).
-    traceparent: str | None = None
-    #: While a job with this key is pending, enqueueing returns it (with these
-    #: arguments) instead of inserting another; see sql/enqueue.sql, enqueue_coalesced.
-    coalesce_key: str | None = None
-    #: With a coalesce key: start the job no sooner than this after the latest enqueue.
-    debounce: timedelta | float | None = None
-    #: Ids of the jobs this one runs after (it is stored ``blocked`` until they succeed).
-    after: Sequence[Any] = ()
-    #: What it does if one of them ends dead-lettered or cancelled (see
-    #: :class:`~django_pgqueue.states.BlockerFailure`).
-    on_blocker_failure: str = BlockerFailure.CANCEL
-
-
-@dataclass(frozen=True, slots=True)
-class JobSnapshot:
-    """A job row as a plain value (the same fields as :class:`~django_pgqueue.models.Job`)."""
-
-    id: int
-    queue: str
-    task_path: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    priority: int
-    status: str
-    attempts: int
-    max_attempts: int
-    lease_generation: int
-    claimed_by: str | None
-    claimed_at: datetime | None
-    lease_expires_at: datetime | None
-    available_at: datetime
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    last_error: str | None
-    last_error_class: str | None
-    errors: list[dict[str, Any]]
-    result: Any
-    idempotency_key: str | None
-    partition_key: str | None
-    partition_bucket: int | None
-    step: str | None
-    unknown_task_since: datetime | None
-    traceparent: str | None
-    coalesce_key: str | None = None
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    rate_limit: int | None = None
-    rate_period: float | None = None
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
-        """Build a snapshot from a decoded ``SELECT *``/``RETURNING *`` row."""
-        return cls(**{name: row[name] for name in _SNAPSHOT_FIELDS})
-
-    def to_job(self, alias: str) -> Job:
-        """Return the job as a model instance, as if loaded from ``alias``.
-
-        The fields the snapshot lacks (``has_dependents``, ``awaited``) are deferred.
-        """
-        from .models import Job
-
-        # Model.from_db takes a partial row's values in the model's field order, not in
-        # the order of the names it is given.
-        names = _fields_in_model_order(Job)
-        return Job.from_db(alias, names, [getattr(self, name) for name in names])
-
-
-_SNAPSHOT_FIELDS: tuple[str, ...] = tuple(JobSnapshot.__dataclass_fields__)
-
-
-@functools.cache
-def _fields_in_model_order(model: type[Job]) -> tuple[str, ...]:
-    return tuple(
-        field.attname for field in model._meta.concrete_fields if field.attname in _SNAPSHOT_FIELDS
-    )
-
-
-class Enqueued:
-    """The outcome of enqueueing one job.
-
-    A bulk insert knows everything about its new rows without reading them back, so the
-    snapshot (and the model instance) are only built when asked for.
-    """
-
-    __slots__ = ("_id", "_pending", "_snapshot", "alias", "created")
-
-    def __init__(
-        self,
-        snapshot: JobSnapshot | None,
-        created: bool,
-        alias: str,
-        *,
-        pending: tuple[int, datetime, datetime, Mapping[str, Any]] | None = None,
-    ) -> None:
-        #: False when an existing job already held the idempotency key or the (pending)
-        #: coalesce key, and was returned.
-        self.created = created
-        #: The database alias the job was written to.
-        self.alias = alias
-        self._snapshot = snapshot
-        self._pending = pending
-        if snapshot is not None:
-            self._id = snapshot.id
-        else:
-            assert pending is not None
-            self._id = pending[0]
-
-    def __repr__(self) -> str:
-        return f"<Enqueued job {self._id} created={self.created}>"
-
-    @property
-    def id(self) -> int:
-        """Return the job's id."""
-        return self._id
-
-    @property
-    def inserted(self) -> tuple[datetime, datetime] | None:
-        """Return ``(created_at, available_at)`` of a job this call inserted, else None."""
-        if self._pending is None:
-            return None
-        return self._pending[1], self._pending[2]
-
-    def snapshot_status(self) -> JobStatus:
-        """Return the job's status (without building the snapshot of a new job)."""
-        if self._pending is not None:
-            return JobStatus(self._pending[3].get("status", JobStatus.PENDING))
-        assert self._snapshot is not None
-        return JobStatus(self._snapshot.status)
-
-    @property
-    def inserted_payload(self) -> tuple[str, str] | None:
-        """Return the stored ``(args, kwargs)`` JSON of a job this call inserted, else None.
-
-        What a caller needs to describe a new job without building its whole snapshot.
-        """
-        if self._pending is None:
-            return None
-        params = self._pending[3]
-        return params["args"], params["kwargs"]
-
-    @property
-    def snapshot(self) -> JobSnapshot:
-        """Return the job as a plain value (built on first access for bulk inserts)."""
-        if self._snapshot is None:
-            assert self._pending is not None
-            self._snapshot = _new_snapshot(*self._pending)
-            self._pending = None
-        return self._snapshot
-
-    @property
-    def job(self) -> Job:
-        """Return the job as a model instance (built on each access)."""
-        return self.snapshot.to_job(self.alias)
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """The identity of one lease: a worker's right to finish one attempt of one job."""
-
-    job_id: int
-    lease_generation: int
-    worker_id: str
-
-
-@dataclass(slots=True)
-class ClaimedJob:
-    """A job leased to a worker, with what the worker needs to run it."""
-
-    id: int
-    queue: str
-    task_path: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    priority: int
-    attempts: int
-    max_attempts: int
-    lease_generation: int
-    step: str | None
-    partition_key: str | None
-    idempotency_key: str | None
-    created_at: datetime
-    available_at: datetime
-    claimed_at: datetime
-    lease_expires_at: datetime
-    prior_workers: list[str]
-    worker_id: str
-    #: When a worker first found this job's task unknown (None: no worker has yet).
-    unknown_task_since: datetime | None = None
-    #: W3C traceparent of the span that enqueued it (None: none was active, or no tracing).
-    traceparent: str | None = None
-    #: The job's concurrency key (None: no concurrency limit).
-    concurrency_key: str | None = None
-
-    @property
-    def lease(self) -> Lease:
-        """Return the lease this claim holds."""
-        return Lease(self.id, self.lease_generation, self.worker_id)
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRound:
-    """What one claim returned: the jobs, and how many partitions it refreshed after."""
-
-    jobs: list[ClaimedJob]
-    folded: int = 0
-    #: A concurrency key of these queues had a job that could start: claim the next
-    #: round with ``plain=False``.
-    keys_open: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseExtension:
-    """What one batched lease extension found."""
-
-    #: (job id, lease generation) of the leases extended.
-    held: frozenset[tuple[int, int]]
-    #: Still this worker's, but the row was locked (an atomic task's open transaction):
-    #: not extended this time, not lost.
-    busy: frozenset[tuple[int, int]]
-
-    @property
-    def held_ids(self) -> frozenset[int]:
-        """Return the ids of the jobs whose lease was extended."""
-        return frozenset(job_id for job_id, _ in self.held)
-
-    def lost(self, leases: Iterable[Lease]) -> list[Lease]:
-        """Return those of ``leases`` the extension found neither held nor busy."""
-        kept = self.held | self.busy
-        return [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """What went wrong in one attempt."""
-
-    exception_class: str
-    message: str
-    traceback: str = ""
-    #: Skip the remaining attempts and dead-letter the job. Separate from the class: a
-    #: ``TypeError`` from arguments that do not bind is recorded as such, and permanent.
-    permanent: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FailOutcome:
-    """Where a failed job went."""
-
-    job_id: int
-    status: JobStatus
-    available_at: datetime
-    attempts: int
-    max_attempts: int
-
-
-@dataclass(frozen=True, slots=True)
-class ReapedJob:
-    """A job recovered from an expired lease."""
-
-    job_id: int
-    status: JobStatus
-    queue: str
-
-
-@dataclass(frozen=True, slots=True)
-class OperatorResult:
-    """What an operator action did and what it had to leave alone."""
-
-    done: tuple[int, ...]
-    skipped: tuple[int, ...]
-    #: Of the skipped, those the action applied to but whose row stayed locked (a
-    #: running job held by its atomic task's open transaction, say): try again later.
-    busy: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class LiveWorker:
-    """A registry row that counts for bucket ownership."""
-
-    worker_id: str
-    queues: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class QueueCounts:
-    """Finished-job counts of one queue since the last flush."""
-
-    queue: str
-    succeeded: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-    wait_ms_max: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleDefinition:
-    """A schedule's row as the code declares it (what ``upsert_schedule`` writes)."""
-
-    name: str
-    task_path: str
-    queue: str
-    priority: int
-    max_attempts: int
-    args: list[Any]
-    kwargs: dict[str, Any]
-    expression: str
-    description: str
-    timezone: str
-    downtime: str
-    catch_up: int
-    timing: str
-    #: The fired jobs' flow limits (see :func:`django_pgqueue.flow.resolve_limits`).
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-    rate_limit: int | None = None
-    rate_period: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DueSchedule:
-    """An active schedule's timing, read with the database clock."""
-
-    name: str
-    expression: str
-    timezone: str
-    downtime: str
-    catch_up: int
-    timing: str
-    next_fire_at: datetime
-    database_now: datetime
-
-    @property
-    def due(self) -> bool:
-        """Return whether its next fire time has come."""
-        return self.next_fire_at <= self.database_now
-
-
-@dataclass(frozen=True, slots=True)
-class PausedSchedule:
-    """A paused schedule's timing, read with the database clock (to plan a resume)."""
-
-    name: str
-    expression: str
-    timezone: str
-    timing: str
-    database_now: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class FireResult:
-    """What one ``fire_schedule`` did."""
-
-    #: False when another worker (or an operator, or a sync) moved the schedule first.
-    advanced: bool
-    #: Jobs inserted (fire times that already had their job are not counted).
-    inserted: int
-
-
-# ---------------------------------------------------------------------- runners
-@dataclass(slots=True)
-class Result:
-    """Rows returned by one statement."""
-
-    columns: tuple[str, ...]
-    rows: list[tuple[Any, ...]]
-    rowcount: int
-
-    def dicts(self) -> list[dict[str, Any]]:
-        """Return the rows as dicts, JSON columns decoded."""
-        json_positions = [i for i, name in enumerate(self.columns) if name in _JSON_COLUMNS]
-        decoded = []
-        for row in self.rows:
-            values = dict(zip(self.columns, row, strict=True))
-            for position in json_positions:
-                name = self.columns[position]
-                values[name] = _load_json(values[name])
-            decoded.append(values)
-        return decoded
-
-
-def _load_json(value: Any) -> Any:
-    if isinstance(value, str | bytes):
-        return json.loads(value)
-    return value
-
-
-class Runner(Protocol):
-    """Executes one named statement on one connection."""
-
-    @property
-    def alias(self) -> str:
-        """Return the Django database alias the connection belongs to."""
-        ...
-
-    def run(self, query: Query, params: Mapping[str, Any]) -> Result:
-        """Execute ``query`` with ``params`` and return its rows."""
-        ...
-
-    def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
-        """Execute several statements in order (in one round trip where possible)."""
-        ...
-
-
-class DjangoRunner:
-    """Runs statements on Django's connection for ``alias``, inside any open transaction."""
-
-    def __init__(self, alias: str) -> None:
-        self._alias = alias
-
-    @property
-    def alias(self) -> str:
-        """Return the Django database alias."""
-        return self._alias
-
-    def run(self, query: Query, params: Mapping[str, Any]) -> Result:
-        """Execute ``query`` through a Django cursor (logged, wrapped, in the transaction)."""
-        with connections[self._alias].cursor() as cursor:
-            cursor.execute(query.text, params)
-            description = cursor.description  # built anew on each access: read it once
-            if description is None:
-                return Result((), [], cursor.rowcount)
-            columns = tuple(column.name for column in description)
-            return Result(columns, cursor.fetchall(), cursor.rowcount)
-
-    def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
-        """Execute ``statements`` one after the other (a round trip each)."""
-        return [self.run(query, params) for query, params in statements]
-
-
-class PsycopgRunner:
-    """Runs statements on a dedicated psycopg connection (a worker's own)."""
-
-    def __init__(self, connection: psycopg.Connection[Any], alias: str) -> None:
-        self.connection = connection
-        self._alias = alias
-
-    @property
-    def alias(self) -> str:
-        """Return the Django database alias the connection was opened for."""
-        return self._alias
-
-    def run(self, query: Query, params: Mapping[str, Any]) -> Result:
-        """Execute ``query`` with server-side binding (prepared after a few uses)."""
-        with self.connection.cursor() as cursor:
-            cursor.execute(query.text, params)
-            return _result(cursor)
-
-    def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
-        """Execute ``statements`` in order, in one round trip (pipeline mode).
-
-        Each sees what the ones before it did; in autocommit each commits on its own.
-        """
-        with self.connection.pipeline():
-            cursors = []
-            for query, params in statements:
-                cursor = self.connection.cursor()
-                cursor.execute(query.text, params)
-                cursors.append(cursor)
-        try:
-            return [_result(cursor) for cursor in cursors]
-        finally:
-            for cursor in cursors:
-                cursor.close()
-
-
-def _result(cursor: psycopg.Cursor[Any]) -> Result:
-    description = cursor.description  # built anew on each access: read it once
-    if description is None:
-        return Result((), [], cursor.rowcount)
-    columns = tuple(column.name for column in description)
-    return Result(columns, cursor.fetchall(), cursor.rowcount)
-
-
-# ---------------------------------------------------------------------- admin values (read-only)
-@dataclass(frozen=True, slots=True)
-class QueueLag:
-    """One queue's backlog and health, as the admin's lag page shows it."""
-
-    queue: str
-    ready: int
-    scheduled: int
-    processing: int
-    expired: int
-    dead_letters: int
-    #: Pending jobs waiting for a worker that can import their task (a rolling deploy).
-    unknown_task: int
-    #: Jobs waiting for the jobs they run after (after=); not part of the lag.
-    blocked: int
-    #: When the oldest ready job became ready (None: nothing is ready).
-    oldest_ready_at: datetime | None
-    measured_at: datetime
-    #: ready, scheduled and dead_letters stop counting here (the true number may be larger).
-    count_limit: int
-
-    @property
-    def lag_seconds(self) -> float:
-        """Return how long the oldest ready job has been waiting (0 when none is ready)."""
-        if self.oldest_ready_at is None:
-            return 0.0
-        return max((self.measured_at - self.oldest_ready_at).total_seconds(), 0.0)
-
-
-@dataclass(frozen=True, slots=True)
-class QueueMinute:
-    """One minute of one queue's counters, as workers record them."""
-
-    queue: str
-    minute: datetime
-    succeeded: int
-    failed: int
-    dead_lettered: int
-    wait_ms_max: int
-
-    @property
-    def finished(self) -> int:
-        """Return the jobs that finished an attempt in this minute, whatever the outcome."""
-        return self.succeeded + self.failed + self.dead_lettered
-
-
-@dataclass(frozen=True, slots=True)
-class TableHealth:
-    """Size and vacuum state of the job table, from PostgreSQL's statistics views."""
-
-    total_bytes: int
-    table_bytes: int
-    index_bytes: int
-    live_tuples: int
-    dead_tuples: int
-    modified_since_analyze: int
-    last_vacuum: datetime | None
-    last_autovacuum: datetime | None
-    last_analyze: datetime | None
-    last_autoanalyze: datetime | None
-    autovacuum_count: int
-    autoanalyze_count: int
-
-    @property
-    def dead_fraction(self) -> float:
-        """Return the share of dead tuples among all tuples (0 for an empty table)."""
-        total = self.live_tuples + self.dead_tuples
-        return self.dead_tuples / total if total else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class QueueTotals:
-    """One queue's finished attempts over a recent window, from the per-minute counters."""
-
-    queue: str
-    succeeded: int
-    failed: int
-    dead_lettered: int
-    #: Longest time a job claimed in the window had been ready, in milliseconds.
-    wait_ms_max: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueueWorkers:
-    """How many registered workers serve one queue, by liveness."""
-
-    queue: str
-    live: int
-    draining: int
-    #: Alive or draining but not heard from within the worker timeout.
-    silent: int
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerHeartbeat:
-    """A registry row that is not dead, and how long it has been silent."""
-
-    worker_id: str
-    pid: int
-    status: str
-    #: Seconds since its last heartbeat, on the database's clock.
-    silent_seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetterGroup:
-    """Dead letters of one task that failed with one error class."""
-
-    task_path: str
-    last_error_class: str | None
-    jobs: int
-    sample_job_id: int
-    sample_queue: str
-    sample_error: str | None
-    sample_finished_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class PausedQueue:
-    """A paused queue: who paused it, when (database clock) and why."""
-
-    queue: str
-    paused_at: datetime
-    paused_by: str
-    reason: str
-    #: False when the queue was already paused (this pause is the earlier one).
-    created: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionBlocker:
-    """The job a partitioned job waits for."""
-
-    job_id: int
-    status: JobStatus
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    """The running jobs a worker holds leases on."""
-
-    worker_id: str
-    jobs: int
-    expired: int
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidIndex:
-    """An index PostgreSQL keeps up to date on every write but no query may use."""
-
-    schema_name: str
-    table_name: str
-    index_name: str
-    #: ``CREATE INDEX`` statement of the index, as ``pg_get_indexdef`` prints it.
-    definition: str
-    #: Pid of a concurrent index build under way on the table, which may be this one's.
-    building_pid: int | None
 
 
 # ---------------------------------------------------------------------- the store
@@ -784,7 +148,7 @@ class QueueStore:
         woken) only once that transaction commits. Raises an :class:`EnqueueError`
         subclass, before touching the database, for any invalid field.
         """
-        params = _validated(spec, _Defaults.read())
+        params = validated(spec, EnqueueDefaults.read())
         channel = conf.NOTIFY_CHANNEL
         after = params.pop("after")
         on_failure = params.pop("on_blocker_failure")
@@ -851,8 +215,8 @@ class QueueStore:
         specs = list(specs)
         if not specs:
             return []
-        defaults = _Defaults.read()
-        prepared = _validated_many(specs, defaults)
+        defaults = EnqueueDefaults.read()
+        prepared = validated_many(specs, defaults)
         dependencies = [(p.pop("after"), p.pop("on_blocker_failure")) for p in prepared]
         if any(spec.coalesce_key is not None for spec in specs):
             plain = [index for index, spec in enumerate(specs) if spec.coalesce_key is None]
@@ -878,7 +242,7 @@ class QueueStore:
         rows = self._run(
             "enqueue_many" if keyed else "enqueue_many_unkeyed",
             channel=conf.NOTIFY_CHANNEL,
-            jobs=_jobs_document(prepared),
+            jobs=jobs_document(prepared),
         ).rows
         alias = self.runner.alias
         outcomes: list[Enqueued | None] = []
@@ -933,7 +297,7 @@ class QueueStore:
         missing = [job_id for job_id in blocker_ids if job_id not in statuses]
         if missing:
             raise UnknownDependency(missing)
-        status, last_error, cancelled_by = _dependent_status(blocker_ids, statuses, on_failure)
+        status, last_error, cancelled_by = dependent_status(blocker_ids, statuses, on_failure)
         row = self._run(
             "enqueue_after",
             channel=conf.NOTIFY_CHANNEL,
@@ -1395,7 +759,7 @@ class QueueStore:
     def live_workers(self, *, timeout_seconds: float) -> list[LiveWorker]:
         """Return alive workers heard from within the timeout, sorted by id."""
         rows = self._run("live_workers", timeout_seconds=timeout_seconds).rows
-        return [LiveWorker(worker_id, tuple(_load_json(queues))) for worker_id, queues in rows]
+        return [LiveWorker(worker_id, tuple(load_json(queues))) for worker_id, queues in rows]
 
     def mark_silent_workers_dead(self, *, timeout_seconds: float) -> list[str]:
         """Mark workers silent for longer than the timeout dead; return their ids."""
@@ -1759,395 +1123,6 @@ class QueueStore:
         return [InvalidIndex(**row) for row in rows]
 
 
-@dataclass(frozen=True, slots=True)
-class _Defaults:
-    """Settings read once per enqueue call rather than once per job."""
-
-    max_attempts: int
-    payload_limit: int
-    use_tz: bool
-    #: The active span's W3C traceparent (None without OpenTelemetry or without a span).
-    traceparent: str | None
-    #: PGQUEUE_CONCURRENCY_LIMITS and PGQUEUE_RATE_LIMITS (declared in settings).
-    concurrency_limits: dict[str, int]
-    rate_limits: dict[str, str]
-
-    @classmethod
-    def read(cls) -> _Defaults:
-        cached = _enqueue_settings()
-        return cls(
-            cached.max_attempts,
-            cached.payload_limit,
-            cached.use_tz,
-            current_traceparent(),
-            cached.concurrency_limits,
-            cached.rate_limits,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _EnqueueSettings:
-    max_attempts: int
-    payload_limit: int
-    use_tz: bool
-    concurrency_limits: dict[str, int]
-    rate_limits: dict[str, str]
-
-
-@functools.cache
-def _enqueue_settings() -> _EnqueueSettings:
-    """Return the settings every enqueue reads, validated once until one changes.
-
-    Reading and validating them took about a quarter of an enqueue's Python time (each
-    ``settings.X`` goes through ``LazySettings``; the limit dicts are checked entry by
-    entry). An invalid value raises, and a raised call is not cached.
-    """
-    return _EnqueueSettings(
-        conf.MAX_ATTEMPTS,
-        conf.MAX_PAYLOAD_BYTES,
-        settings.USE_TZ,
-        conf.CONCURRENCY_LIMITS,
-        conf.RATE_LIMITS,
-    )
-
-
-def _forget_enqueue_settings(*, setting: str, **kwargs: Any) -> None:
-    # Sent by override_settings (Django's only supported way to change settings at run time).
-    if setting == "USE_TZ" or setting.startswith("PGQUEUE_"):
-        _enqueue_settings.cache_clear()
-
-
-setting_changed.connect(_forget_enqueue_settings, dispatch_uid="django_pgqueue.enqueue_settings")
-
-
-def _validated(
-    spec: JobSpec,
-    defaults: _Defaults,
-    *,
-    position: int | None = None,
-    options: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Return the statement parameters of ``spec``; raise naming the bad field.
-
-    In a batch, the field is prefixed with the spec's position (``jobs[3].args[0]``).
-    ``options`` are the checked parameters of an earlier spec with the same options
-    (:func:`_options_shape`): then only the arguments and idempotency key are checked.
-    """
-    try:
-        if options is not None:
-            return _with_arguments(spec, defaults, options)
-        return _checked(spec, defaults)
-    except PayloadTooLarge:
-        raise
-    except InvalidArguments as error:
-        if position is None:
-            raise
-        raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
-    except InvalidOption as error:
-        if position is None:
-            raise
-        raise InvalidOption(f"jobs[{position}].{error.option}", error.reason) from None
-
-
-def _validated_many(specs: Sequence[JobSpec], defaults: _Defaults) -> list[dict[str, Any]]:
-    """Return the statement parameters of every spec, checking each set of options once.
-
-    The specs of one ``Task.enqueue_many`` call share every option and differ only in
-    their arguments (and perhaps idempotency keys), so the option checks (lengths, text,
-    limits, flow settings, traceparent) run once per distinct set rather than per job.
-    """
-    checked: dict[tuple[Any, ...], dict[str, Any]] = {}
-    prepared = []
-    for position, spec in enumerate(specs):
-        shape = _options_shape(spec)
-        options = None if shape is None else checked.get(shape)
-        params = _validated(spec, defaults, position=position, options=options)
-        if shape is not None and options is None:
-            checked[shape] = dict(params)  # the caller pops from what it gets
-        prepared.append(params)
-    return prepared
-
-
-#: The fields whose checks do not depend on the job's arguments or idempotency key.
-_OPTION_FIELDS = tuple(
-    spec_field.name
-    for spec_field in fields(JobSpec)
-    if spec_field.name not in ("args", "kwargs", "idempotency_key")
-)
-
-
-def _options_shape(spec: JobSpec) -> tuple[Any, ...] | None:
-    """Return a key equal for specs whose options check the same way, or None.
-
-    Each value is paired with its type, since ``True == 1`` and ``1.0 == 1`` but only
-    one of each pair is valid. Dependencies and coalescing are checked together with the
-    idempotency key, so specs carrying them are always checked in full.
-    """
-    # Only a plain empty ``after``: anything else (an array without a truth value, a
-    # generator) goes the long way, whose checks give it a typed error.
-    no_blockers = type(spec.after) in (tuple, list) and not spec.after
-    if not no_blockers or spec.coalesce_key is not None or spec.debounce is not None:
-        return None
-    shape = tuple((type(value), value) for value in map(spec.__getattribute__, _OPTION_FIELDS))
-    try:
-        hash(shape)
-    except TypeError:  # an unhashable option value: check it the long way
-        return None
-    return shape
-
-
-def _with_arguments(
-    spec: JobSpec, defaults: _Defaults, options: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Return ``options`` (another spec's checked parameters) with ``spec``'s own parts.
-
-    The same checks as :func:`_checked` makes of them, in the same order.
-    """
-    idempotency_key = spec.idempotency_key
-    if idempotency_key is not None:
-        check_key("idempotency_key", idempotency_key, max_length=KEY_MAX_LENGTH)
-    args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
-    return {
-        **options,
-        "args": args_json,
-        "kwargs": kwargs_json,
-        "idempotency_key": idempotency_key,
-    }
-
-
-# Computed once: ``BlockerFailure.values`` builds a new list on every access, and this
-# check runs for every job of a bulk enqueue.
-_BLOCKER_FAILURES = frozenset(BlockerFailure.values)
-
-
-def _checked(spec: JobSpec, defaults: _Defaults) -> dict[str, Any]:
-    task_path = spec.task_path
-    if not isinstance(task_path, str) or not task_path:
-        raise InvalidOption("task_path", "must be a non-empty string")
-    if len(task_path) > TASK_PATH_MAX_LENGTH:
-        raise InvalidOption("task_path", f"is longer than {TASK_PATH_MAX_LENGTH} characters")
-    check_text("task_path", task_path)
-    queue = spec.queue
-    if not isinstance(queue, str) or not queue:
-        raise InvalidOption("queue_name", "must be a non-empty string")
-    if len(queue) > QUEUE_MAX_LENGTH:
-        raise InvalidOption("queue_name", f"must be at most {QUEUE_MAX_LENGTH} characters")
-    check_text("queue_name", queue)
-    priority = spec.priority
-    if type(priority) is not int:
-        raise InvalidOption("priority", f"must be an integer, not {priority!r}")
-    if not TASK_MIN_PRIORITY <= priority <= TASK_MAX_PRIORITY:
-        raise InvalidOption(
-            "priority", f"{priority} is outside {TASK_MIN_PRIORITY}..{TASK_MAX_PRIORITY}"
-        )
-    max_attempts = defaults.max_attempts if spec.max_attempts is None else spec.max_attempts
-    if type(max_attempts) is not int:
-        raise InvalidOption("max_attempts", f"must be an integer, not {max_attempts!r}")
-    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise InvalidOption("max_attempts", f"{max_attempts} is outside 1..{MAX_ATTEMPTS_LIMIT}")
-    available_at = spec.available_at
-    if available_at is not None:
-        if not isinstance(available_at, datetime):
-            raise InvalidOption("run_after", f"must be a datetime, not {available_at!r}")
-        if timezone.is_naive(available_at):
-            if defaults.use_tz:
-                raise InvalidOption("run_after", "must be an aware datetime (USE_TZ is True)")
-            available_at = timezone.make_aware(available_at)
-    idempotency_key = spec.idempotency_key
-    if idempotency_key is not None:
-        check_key("idempotency_key", idempotency_key, max_length=KEY_MAX_LENGTH)
-    if spec.coalesce_key is not None or spec.debounce is not None:
-        check_coalescing(spec.coalesce_key, spec.debounce, idempotency_key)
-    partition_key = spec.partition_key
-    if partition_key is not None:
-        check_key("partition_key", partition_key, max_length=KEY_MAX_LENGTH)
-    flow = resolve_limits(
-        task_path,
-        queue,
-        spec.concurrency_key,
-        spec.concurrency_limit,
-        spec.rate_limit,
-        partition_key=partition_key,
-        concurrency_limits=defaults.concurrency_limits,
-        rate_limits=defaults.rate_limits,
-    )
-    args_json, kwargs_json = encode_arguments(spec.args, spec.kwargs, limit=defaults.payload_limit)
-    after = blocker_ids(spec.after)
-    if after and idempotency_key is not None:
-        raise InvalidOption("after", "cannot be combined with an idempotency key (yet)")
-    if after and spec.coalesce_key is not None:
-        raise InvalidOption("after", "cannot be combined with a coalesce key")
-    if spec.on_blocker_failure not in _BLOCKER_FAILURES:
-        raise InvalidOption(
-            "on_blocker_failure",
-            f"must be one of {', '.join(BlockerFailure.values)}, not {spec.on_blocker_failure!r}",
-        )
-    return {
-        "after": after,
-        "on_blocker_failure": str(spec.on_blocker_failure),
-        "queue": queue,
-        "task_path": task_path,
-        "args": args_json,
-        "kwargs": kwargs_json,
-        "priority": priority,
-        "max_attempts": max_attempts,
-        "available_at": available_at,
-        "idempotency_key": idempotency_key,
-        "partition_key": partition_key,
-        "partition_bucket": None if partition_key is None else bucket_for(partition_key),
-        "traceparent": _traceparent(spec.traceparent, defaults),
-        "concurrency_key": flow.key,
-        "concurrency_limit": flow.concurrency,
-        "rate_limit": None if flow.rate is None else flow.rate.limit,
-        "rate_period": None if flow.rate is None else flow.rate.period,
-    }
-
-
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}(-[^\x00]*)?$")
-#: Longer than any W3C traceparent version yet (55 characters for version 00).
-TRACEPARENT_MAX_LENGTH = 256
-
-
-def blocker_ids(after: Any) -> list[int]:
-    """Return the job ids of ``after`` (ids, or results/jobs with an id), first ones first."""
-    if isinstance(after, str | bytes) or not isinstance(after, Iterable):
-        raise InvalidOption("after", f"must be a list of jobs or job ids, not {after!r}")
-    ids: list[int] = []
-    for item in after:
-        value = getattr(item, "id", item)
-        if isinstance(value, str) and value.isdigit():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidOption("after", f"{item!r} is not a job, a task result or a job id")
-        if not _MIN_JOB_ID <= value <= _MAX_JOB_ID:
-            raise InvalidOption("after", f"{value} is outside the range of job ids (bigint)")
-        if value not in ids:
-            ids.append(value)
-    return ids
-
-
-def _dependent_status(
-    blocker_ids: list[int], statuses: Mapping[int, JobStatus], on_failure: str
-) -> tuple[JobStatus, str | None, int | None]:
-    """Return (status, last_error, blocker that cancelled it) of a new dependent."""
-    failed = [
-        job_id
-        for job_id in blocker_ids
-        if statuses[job_id] in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED)
-    ]
-    if failed and on_failure == BlockerFailure.CANCEL:
-        # Same words as the settling trigger of migration 0009.
-        first = failed[0]
-        ended = statuses[first].value.replace("_", "-")
-        return JobStatus.CANCELLED, f"job {first}, which it runs after, ended {ended}", first
-    settled = {JobStatus.SUCCEEDED, JobStatus.DEAD_LETTER, JobStatus.CANCELLED}
-    if all(statuses[job_id] in settled for job_id in blocker_ids):
-        return JobStatus.PENDING, None, None
-    return JobStatus.BLOCKED, None, None
-
-
-def _traceparent(given: str | None, defaults: _Defaults) -> str | None:
-    if given is None:
-        return defaults.traceparent
-    if (
-        not isinstance(given, str)
-        or len(given) > TRACEPARENT_MAX_LENGTH
-        or not _TRACEPARENT.match(given)
-    ):
-        raise InvalidOption("traceparent", f"must be a W3C traceparent header, not {given!r}")
-    return given
-
-
-def _jobs_document(prepared: list[dict[str, Any]]) -> str:
-    """Return the jobs as one JSON document, ``[[queue, task_path, args, ...], ...]``.
-
-    Arguments are JSON already and are spliced in as they are. The rest of a row is the
-    same for every job of a ``Task.enqueue_many`` call (bar an idempotency key), so each
-    distinct head and tail is encoded once.
-    """
-    heads: dict[tuple[str, str], str] = {}
-    tails: dict[tuple[Any, ...], str] = {}
-    parts = []
-    for p in prepared:
-        head_key = (p["queue"], p["task_path"])
-        head = heads.get(head_key)
-        if head is None:
-            head = heads[head_key] = f"[{json.dumps(head_key[0])},{json.dumps(head_key[1])},"
-        tail_key = (
-            p["priority"],
-            p["max_attempts"],
-            p["available_at"],
-            p["idempotency_key"],
-            p["partition_key"],
-            p["partition_bucket"],
-            p["traceparent"],
-            p["concurrency_key"],
-            p["concurrency_limit"],
-            p["rate_limit"],
-            p["rate_period"],
-        )
-        tail = tails.get(tail_key)
-        if tail is None:
-            tail = tails[tail_key] = _row_tail(tail_key)
-        parts.append(f"{head}{p['args']},{p['kwargs']},{tail}")
-    return "[" + ",".join(parts) + "]"
-
-
-def _row_tail(values: tuple[Any, ...]) -> str:
-    """Encode a row's fields after its arguments (see :func:`_jobs_document`)."""
-    available_at = values[2]
-    return (
-        json.dumps(
-            [
-                *values[:2],
-                None if available_at is None else available_at.isoformat(),
-                *values[3:],
-            ],
-            separators=(",", ":"),
-        )[1:-1]
-        + "]"
-    )
-
-
-def _new_snapshot(
-    job_id: int, created_at: datetime, available_at: datetime, params: Mapping[str, Any]
-) -> JobSnapshot:
-    """Return the snapshot of a job just inserted from ``params`` (no round trip needed)."""
-    return JobSnapshot(
-        id=job_id,
-        queue=params["queue"],
-        task_path=params["task_path"],
-        args=json.loads(params["args"]),
-        kwargs=json.loads(params["kwargs"]),
-        priority=params["priority"],
-        status=params.get("status", JobStatus.PENDING),
-        attempts=0,
-        max_attempts=params["max_attempts"],
-        lease_generation=0,
-        claimed_by=None,
-        claimed_at=None,
-        lease_expires_at=None,
-        available_at=available_at,
-        created_at=created_at,
-        started_at=None,
-        finished_at=None,
-        last_error=params.get("last_error"),
-        last_error_class=None,
-        errors=[],
-        result=None,
-        idempotency_key=params["idempotency_key"],
-        partition_key=params["partition_key"],
-        partition_bucket=params["partition_bucket"],
-        concurrency_key=params["concurrency_key"],
-        concurrency_limit=params["concurrency_limit"],
-        rate_limit=params["rate_limit"],
-        rate_period=params["rate_period"],
-        step=None,
-        unknown_task_since=None,
-        traceparent=params["traceparent"],
-    )
-
-
 def _loads_json(text: str) -> Any:
     """``json.loads``, with the empty array and object most jobs carry decoded for free.
 
@@ -2171,7 +1146,7 @@ def _unique_ids(job_ids: Iterable[int]) -> list[int]:
     for job_id in job_ids:
         if isinstance(job_id, bool) or not isinstance(job_id, int):
             raise InvalidOption("job_ids", f"must be integers, not {job_id!r}")
-        if not _MIN_JOB_ID <= job_id <= _MAX_JOB_ID:
+        if not JOB_ID_MIN <= job_id <= JOB_ID_MAX:
             # Checked here: PostgreSQL would refuse the array and abort the transaction.
             raise InvalidOption("job_ids", f"{job_id} is outside the range of job ids (bigint)")
         ids.append(job_id)

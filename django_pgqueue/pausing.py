@@ -12,8 +12,9 @@ from django.db import router, transaction
 
 from .exceptions import InvalidOption, UnknownQueue
 from .limits import QUEUE_MAX_LENGTH
-from .manager import PausedQueue, QueueStore
+from .manager import QueueStore
 from .payload import check_text
+from .values import PausedQueue
 
 __all__ = ["PausedQueue", "pause_queue", "paused_queues", "resume_queue"]
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from .cadence import CadenceError, parse_cadence, zone
 from .conf import conf
 from .exceptions import InvalidOption, InvalidSchedule, UnknownTask
-from .manager import DueSchedule, QueueStore, ScheduleDefinition
+from .manager import QueueStore
 from .periodic import (
     PeriodicSchedule,
     fire_key,
@@ -24,6 +24,7 @@ from .periodic import (
     task_defaults,
     task_limits,
 )
+from .values import DueSchedule, ScheduleDefinition
 
 __all__ = [
     "FireReport",

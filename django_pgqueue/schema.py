@@ -28,8 +28,10 @@ from django.db.migrations.operations.base import Operation
 from django.db.migrations.state import ProjectState
 
 from .exceptions import InvalidIndexStatement
-from .manager import DjangoRunner, InvalidIndex, QueueStore
+from .manager import QueueStore
+from .runners import DjangoRunner
 from .tables import queue_tables
+from .values import InvalidIndex
 
 if TYPE_CHECKING:
     from django.db.backends.postgresql.schema import DatabaseSchemaEditor

@@ -10,7 +10,7 @@ changed.
 
 from __future__ import annotations
 
-from .manager import Failure
+from .values import Failure
 
 __all__ = ["TRUNCATED_MARK", "storable_failure", "storable_text"]
 

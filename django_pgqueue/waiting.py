@@ -23,8 +23,9 @@ import psycopg
 
 from .compat import TaskResult, task_backends
 from .exceptions import JobNotFound
-from .manager import PsycopgRunner, QueueStore
+from .manager import QueueStore
 from .pgconn import connect
+from .runners import PsycopgRunner
 
 __all__ = ["FINISHED_CHANNEL", "REREAD_SECONDS", "WaitTimeout", "await_result", "wait"]
 

@@ -20,8 +20,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from django_pgqueue.manager import ClaimedJob, Failure, JobSpec
 from django_pgqueue.models import Job
+from django_pgqueue.values import ClaimedJob, Failure, JobSpec
 
 SCRIPT = "<script>alert('xss')</script>"
 ESCAPED_SCRIPT = "&lt;script&gt;"

@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 
-from django_pgqueue.manager import PsycopgRunner, QueueStore
+from django_pgqueue.manager import QueueStore
 from django_pgqueue.periodic import PeriodicSchedule, parse_fire_key
+from django_pgqueue.runners import PsycopgRunner
 from django_pgqueue.scheduling import SyncReport, sync_schedules
 
 PROBE = "tests.tasks.scheduled_probe"

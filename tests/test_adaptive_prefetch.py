@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
+from django_pgqueue.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker.execution import InFlight
 from django_pgqueue.worker.pacing import AdaptivePrefetch

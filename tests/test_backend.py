@@ -18,11 +18,11 @@ from django_pgqueue.compat import (
     task_enqueued,
 )
 from django_pgqueue.exceptions import LeaseLost, UnknownTask
-from django_pgqueue.manager import Failure, JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.partition import bucket_for
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import Failure, JobSpec
 from tests import tasks
 
 pytestmark = pytest.mark.timeout(60)

@@ -16,9 +16,9 @@ import signal
 import pytest
 from psycopg import sql
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 from tests import ledger
 from tests.lockwatch import LockWatch
 from tests.workers import wait_for

@@ -12,15 +12,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from django_pgqueue.enqueueing import EnqueueDefaults, jobs_document, validated, validated_many
 from django_pgqueue.exceptions import InvalidArguments, InvalidOption
-from django_pgqueue.manager import (
-    JobSpec,
-    _Defaults,
-    _jobs_document,
-    _validated,
-    _validated_many,
-)
 from django_pgqueue.models import Job
+from django_pgqueue.values import JobSpec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,11 +78,11 @@ def batches(draw: st.DrawFn) -> list[JobSpec]:
     return [JobSpec(**spec) for spec in chosen]
 
 
-def _one_by_one(batch: list[JobSpec], defaults: _Defaults) -> list[dict[str, Any]]:
-    return [_validated(spec, defaults, position=index) for index, spec in enumerate(batch)]
+def _one_by_one(batch: list[JobSpec], defaults: EnqueueDefaults) -> list[dict[str, Any]]:
+    return [validated(spec, defaults, position=index) for index, spec in enumerate(batch)]
 
 
-def _outcome(check: Any, batch: list[JobSpec], defaults: _Defaults) -> Any:
+def _outcome(check: Any, batch: list[JobSpec], defaults: EnqueueDefaults) -> Any:
     try:
         return check(batch, defaults)
     except (InvalidOption, InvalidArguments) as error:
@@ -100,12 +95,12 @@ def _outcome(check: Any, batch: list[JobSpec], defaults: _Defaults) -> Any:
 @given(batches())
 def test_checking_options_once_accepts_and_refuses_what_full_checks_do(settings, batch):
     settings.USE_TZ = True
-    defaults = _Defaults.read()
+    defaults = EnqueueDefaults.read()
     expected = _outcome(_one_by_one, batch, defaults)
-    got = _outcome(_validated_many, batch, defaults)
+    got = _outcome(validated_many, batch, defaults)
     assert got == expected
     if isinstance(expected, list):
-        assert _jobs_document(got) == _jobs_document(expected)
+        assert jobs_document(got) == jobs_document(expected)
 
 
 def test_bulk_error_names_the_job_and_field_after_many_good_ones(db):

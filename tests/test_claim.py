@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)

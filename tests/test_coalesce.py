@@ -10,10 +10,10 @@ import pytest
 from django.db import connections, transaction
 
 from django_pgqueue import InvalidOption
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.sql import QUERIES
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 from tests import tasks
 from tests.workers import wait_for
 

@@ -8,9 +8,11 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue.exceptions import InvalidOption, UnknownDependency
-from django_pgqueue.manager import Failure, JobSpec, PsycopgRunner, QueueStore
+from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Dependency, Job
+from django_pgqueue.runners import PsycopgRunner
 from django_pgqueue.states import BlockerFailure, JobStatus
+from django_pgqueue.values import Failure, JobSpec
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(60)

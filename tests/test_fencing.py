@@ -7,10 +7,10 @@ import datetime as dt
 import pytest
 
 from django_pgqueue.exceptions import LeaseLost
-from django_pgqueue.manager import Failure, JobSpec, Lease
 from django_pgqueue.models import Job
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import Failure, JobSpec, Lease
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from django_pgqueue.manager import Failure, JobSpec
 from django_pgqueue.models import Job, QueueStat, Worker
 from django_pgqueue.states import JobStatus, WorkerStatus
+from django_pgqueue.values import Failure, JobSpec
 from django_pgqueue.worker.connection import ConnectionSlot
 from django_pgqueue.worker.housekeeping import run_pass
 

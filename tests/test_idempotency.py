@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connections, transaction
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
+from django_pgqueue.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from django_pgqueue.manager import JobSpec, Lease
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec, Lease
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker.execution import InFlight
 from tests import tasks

@@ -11,9 +11,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_pgqueue.exceptions import InvalidOption, LeaseLost
-from django_pgqueue.manager import Failure, JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import Failure, JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

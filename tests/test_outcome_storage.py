@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 from tests import ledger
 from tests.tasks import POISON_OUTCOMES
 from tests.workers import wait_for

@@ -6,9 +6,11 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from django_pgqueue.manager import DjangoRunner, Failure, JobSpec, QueueStore
+from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Job, Partition
+from django_pgqueue.runners import DjangoRunner
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import PartitionRepair
 from tests.test_migrations import _manage, scratch_database  # noqa: F401 - fixture
 

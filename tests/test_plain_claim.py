@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.manager import JobSpec
+from django_pgqueue.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

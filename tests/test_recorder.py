@@ -16,8 +16,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
+from django_pgqueue.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker.exitwatch import WRITE_ALLOWANCE_SECONDS, OverdueWriteWatchdog
 

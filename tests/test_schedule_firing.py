@@ -9,7 +9,8 @@ import pytest
 
 from django_pgqueue.cadence import parse_cadence
 from django_pgqueue.conf import conf
-from django_pgqueue.manager import PsycopgRunner, QueueStore
+from django_pgqueue.manager import QueueStore
+from django_pgqueue.runners import PsycopgRunner
 from django_pgqueue.scheduling import fire_due, pause, resume, run_now
 from tests.schedules import (
     PROBE,

@@ -34,7 +34,9 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_pgqueue.manager import JobSpec, PsycopgRunner, QueueStore
+from django_pgqueue.manager import QueueStore
+from django_pgqueue.runners import PsycopgRunner
+from django_pgqueue.values import JobSpec
 from tests import invariants
 from tests.database import embedded_server
 from tests.faults import Database, LockWaitSampler, WorkerFleet

@@ -48,9 +48,10 @@ from hypothesis.stateful import (
 )
 
 from django_pgqueue.exceptions import LeaseLost
-from django_pgqueue.manager import Failure, JobSpec, Lease, QueueStore
+from django_pgqueue.manager import QueueStore
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import TRANSITIONS, JobStatus
+from django_pgqueue.values import Failure, JobSpec, Lease
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -18,9 +18,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from django_pgqueue import tracing
 from django_pgqueue.exceptions import InvalidOption
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from tests import tasks
 from tests.workers import wait_for

@@ -18,7 +18,9 @@ import pytest
 from django.db import connections
 
 from django_pgqueue.embedded import with_dbname
-from django_pgqueue.manager import JobSpec, PsycopgRunner, QueueStore
+from django_pgqueue.manager import QueueStore
+from django_pgqueue.runners import PsycopgRunner
+from django_pgqueue.values import JobSpec
 from tests.database import REPO, embedded_server
 from tests.workers import WorkerProcess, wait_for
 

@@ -17,8 +17,9 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_pgqueue.manager import ClaimedJob, JobSpec, QueueStore, _loads_json
+from django_pgqueue.manager import QueueStore, _loads_json
 from django_pgqueue.models import Job
+from django_pgqueue.values import ClaimedJob, JobSpec
 from django_pgqueue.worker.execution import InFlight
 
 pytestmark = pytest.mark.timeout(120)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from django_pgqueue.compat import TaskResultStatus, task_backends
-from django_pgqueue.manager import JobSpec
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
+from django_pgqueue.values import JobSpec
 from tests import ledger, tasks
 from tests.models import Order
 from tests.workers import wait_for

@@ -34,9 +34,10 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..manager import OPERATOR_CHUNK, OperatorResult
+from ..manager import OPERATOR_CHUNK
 from ..models import Job
 from ..states import TERMINAL_STATUSES, TRANSITIONS, Transition
+from ..values import OperatorResult
 from .filters import ANY_TIME
 from .pagination import RowCount, count_rows
 

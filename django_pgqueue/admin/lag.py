@@ -30,10 +30,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..manager import PausedQueue, QueueLag, QueueMinute
 from ..models import Job, Lag
 from ..schema import index_problems
 from ..states import JobStatus
+from ..values import PausedQueue, QueueLag, QueueMinute
 from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
 from .formatting import compact, duration, exact
 from .pauses import can_pause, paused_queues_for, queue_pause_view

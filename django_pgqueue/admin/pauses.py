@@ -23,9 +23,9 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..exceptions import EnqueueError
-from ..manager import PausedQueue
 from ..models import Job, QueuePause
 from ..pausing import pause_queue, paused_queues, resume_queue
+from ..values import PausedQueue
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]

@@ -28,9 +28,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..manager import DjangoRunner, QueueStore
+from ..manager import QueueStore
 from ..models import Schedule
 from ..periodic import fire_key
+from ..runners import DjangoRunner
 from ..scheduling import pause, resume, run_now
 from .formatting import relative, status_badge
 

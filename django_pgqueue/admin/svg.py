@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from ..manager import QueueMinute
+from ..values import QueueMinute
 from .formatting import compact, duration
 
 __all__ = ["ChartPoint", "minute_series", "throughput_chart"]

@@ -23,10 +23,10 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import conf
-from ..manager import WorkerLoad
 from ..models import Job, Worker
 from ..partition import BUCKET_COUNT
 from ..states import JobStatus, WorkerStatus
+from ..values import WorkerLoad
 from .filters import EXPIRED
 from .formatting import duration, exact, pretty_json, relative, worker_badge
 

@@ -17,9 +17,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..manager import WorkerLoad
 from ..models import Job, Worker
 from ..partition import BUCKET_COUNT
+from ..values import WorkerLoad
 from .formatting import moment
 from .parameters import drop_unstorable_parameters
 from .worker_detail import in_flight_html, inbox_url, render_worker_detail, worker_status

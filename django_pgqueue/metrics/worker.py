@@ -14,7 +14,7 @@ import os
 import threading
 from typing import Final
 
-from ..manager import ClaimedJob
+from ..values import ClaimedJob
 from ..worker import observe
 from ._client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 

@@ -11,8 +11,9 @@ import psycopg
 from django.db import utils as django_db_utils
 from psycopg import pq
 
-from ..manager import PsycopgRunner, QueueStore
+from ..manager import QueueStore
 from ..pgconn import connect
+from ..runners import PsycopgRunner
 
 __all__ = ["CONNECTION_ERRORS", "TRANSIENT_ERRORS", "ConnectionSlot"]
 

@@ -33,10 +33,12 @@ from ..exceptions import (
     PermanentError,
     UnknownTask,
 )
-from ..manager import ClaimedJob, DjangoRunner, Failure, QueueStore
+from ..manager import QueueStore
 from ..payload import StoredResult, encode_result
 from ..periodic import parse_fire_key
+from ..runners import DjangoRunner
 from ..tracing import attempt_span, record_exception, set_outcome
+from ..values import ClaimedJob, Failure
 
 __all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
 

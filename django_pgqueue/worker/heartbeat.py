@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..manager import Lease, QueueCounts
 from ..partition import BUCKET_COUNT, HashRing
+from ..values import Lease, QueueCounts
 from . import observe
 from .connection import CONNECTION_ERRORS, ConnectionSlot
 

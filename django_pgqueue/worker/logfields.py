@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ..manager import ClaimedJob
+from ..values import ClaimedJob
 
 __all__ = [
     "ATTEMPT",

@@ -29,11 +29,11 @@ import psycopg
 from .. import __version__
 from ..conf import conf
 from ..exceptions import ConfigurationError, JobTimeout, LeaseLost, UnknownTask
-from ..manager import ClaimedJob, Failure, Lease, QueueCounts
 from ..notices import lease_channel, parse_notice
 from ..retry import RetryPolicy
 from ..states import JobStatus, WorkerStatus
 from ..storable import storable_failure, storable_text
+from ..values import ClaimedJob, Failure, Lease, QueueCounts
 from . import observe
 from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 from .execution import InFlight, JobRunner, Outcome, OutcomeKind, TaskResolver

@@ -1,0 +1,599 @@
+"""Typed values the queue store takes and returns.
+
+What a producer asks for (:class:`JobSpec`), what it gets back (:class:`Enqueued`,
+:class:`JobSnapshot`), what a worker holds (:class:`Lease`, :class:`ClaimedJob`) and
+reports (:class:`Failure`), and the read-only figures of the admin's pages. Nothing here
+runs a query: the store (:mod:`django_pgqueue.manager`) builds these from its rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .flow import Rate
+from .states import BlockerFailure, JobStatus
+
+if TYPE_CHECKING:
+    from .models import Job
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """Everything needed to enqueue one job."""
+
+    task_path: str
+    queue: str = "default"
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    priority: int = 0
+    max_attempts: int | None = None
+    available_at: datetime | None = None
+    idempotency_key: str | None = None
+    partition_key: str | None = None
+    #: Jobs sharing a concurrency key run at most ``concurrency_limit`` at a time, in any
+    #: order (a key without a limit is an error; see :mod:`django_pgqueue.flow`).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    #: At most N starts per period for the job's key: ``"20/s"``, ``"1000/h"``, a Rate.
+    rate_limit: str | Rate | None = None
+    #: W3C traceparent of the span that enqueued the job (None: the current span's, if
+    #: OpenTelemetry is installed and a span is active).
+    traceparent: str | None = None
+    #: While a job with this key is pending, enqueueing returns it (with these
+    #: arguments) instead of inserting another; see sql/enqueue.sql, enqueue_coalesced.
+    coalesce_key: str | None = None
+    #: With a coalesce key: start the job no sooner than this after the latest enqueue.
+    debounce: timedelta | float | None = None
+    #: Ids of the jobs this one runs after (it is stored ``blocked`` until they succeed).
+    after: Sequence[Any] = ()
+    #: What it does if one of them ends dead-lettered or cancelled (see
+    #: :class:`~django_pgqueue.states.BlockerFailure`).
+    on_blocker_failure: str = BlockerFailure.CANCEL
+
+
+@dataclass(frozen=True, slots=True)
+class JobSnapshot:
+    """A job row as a plain value (the same fields as :class:`~django_pgqueue.models.Job`)."""
+
+    id: int
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    status: str
+    attempts: int
+    max_attempts: int
+    lease_generation: int
+    claimed_by: str | None
+    claimed_at: datetime | None
+    lease_expires_at: datetime | None
+    available_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    last_error_class: str | None
+    errors: list[dict[str, Any]]
+    result: Any
+    idempotency_key: str | None
+    partition_key: str | None
+    partition_bucket: int | None
+    step: str | None
+    unknown_task_since: datetime | None
+    traceparent: str | None
+    coalesce_key: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> JobSnapshot:
+        """Build a snapshot from a decoded ``SELECT *``/``RETURNING *`` row."""
+        return cls(**{name: row[name] for name in _SNAPSHOT_FIELDS})
+
+    def to_job(self, alias: str) -> Job:
+        """Return the job as a model instance, as if loaded from ``alias``.
+
+        The fields the snapshot lacks (``has_dependents``, ``awaited``) are deferred.
+        """
+        from .models import Job
+
+        # Model.from_db takes a partial row's values in the model's field order, not in
+        # the order of the names it is given.
+        names = _fields_in_model_order(Job)
+        return Job.from_db(alias, names, [getattr(self, name) for name in names])
+
+
+_SNAPSHOT_FIELDS: tuple[str, ...] = tuple(JobSnapshot.__dataclass_fields__)
+
+
+@functools.cache
+def _fields_in_model_order(model: type[Job]) -> tuple[str, ...]:
+    return tuple(
+        field.attname for field in model._meta.concrete_fields if field.attname in _SNAPSHOT_FIELDS
+    )
+
+
+class Enqueued:
+    """The outcome of enqueueing one job.
+
+    A bulk insert knows everything about its new rows without reading them back, so the
+    snapshot (and the model instance) are only built when asked for.
+    """
+
+    __slots__ = ("_id", "_pending", "_snapshot", "alias", "created")
+
+    def __init__(
+        self,
+        snapshot: JobSnapshot | None,
+        created: bool,
+        alias: str,
+        *,
+        pending: tuple[int, datetime, datetime, Mapping[str, Any]] | None = None,
+    ) -> None:
+        #: False when an existing job already held the idempotency key or the (pending)
+        #: coalesce key, and was returned.
+        self.created = created
+        #: The database alias the job was written to.
+        self.alias = alias
+        self._snapshot = snapshot
+        self._pending = pending
+        if snapshot is not None:
+            self._id = snapshot.id
+        else:
+            assert pending is not None
+            self._id = pending[0]
+
+    def __repr__(self) -> str:
+        return f"<Enqueued job {self._id} created={self.created}>"
+
+    @property
+    def id(self) -> int:
+        """Return the job's id."""
+        return self._id
+
+    @property
+    def inserted(self) -> tuple[datetime, datetime] | None:
+        """Return ``(created_at, available_at)`` of a job this call inserted, else None."""
+        if self._pending is None:
+            return None
+        return self._pending[1], self._pending[2]
+
+    def snapshot_status(self) -> JobStatus:
+        """Return the job's status (without building the snapshot of a new job)."""
+        if self._pending is not None:
+            return JobStatus(self._pending[3].get("status", JobStatus.PENDING))
+        assert self._snapshot is not None
+        return JobStatus(self._snapshot.status)
+
+    @property
+    def inserted_payload(self) -> tuple[str, str] | None:
+        """Return the stored ``(args, kwargs)`` JSON of a job this call inserted, else None.
+
+        What a caller needs to describe a new job without building its whole snapshot.
+        """
+        if self._pending is None:
+            return None
+        params = self._pending[3]
+        return params["args"], params["kwargs"]
+
+    @property
+    def snapshot(self) -> JobSnapshot:
+        """Return the job as a plain value (built on first access for bulk inserts)."""
+        if self._snapshot is None:
+            assert self._pending is not None
+            self._snapshot = _new_snapshot(*self._pending)
+            self._pending = None
+        return self._snapshot
+
+    @property
+    def job(self) -> Job:
+        """Return the job as a model instance (built on each access)."""
+        return self.snapshot.to_job(self.alias)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The identity of one lease: a worker's right to finish one attempt of one job."""
+
+    job_id: int
+    lease_generation: int
+    worker_id: str
+
+
+@dataclass(slots=True)
+class ClaimedJob:
+    """A job leased to a worker, with what the worker needs to run it."""
+
+    id: int
+    queue: str
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    lease_generation: int
+    step: str | None
+    partition_key: str | None
+    idempotency_key: str | None
+    created_at: datetime
+    available_at: datetime
+    claimed_at: datetime
+    lease_expires_at: datetime
+    prior_workers: list[str]
+    worker_id: str
+    #: When a worker first found this job's task unknown (None: no worker has yet).
+    unknown_task_since: datetime | None = None
+    #: W3C traceparent of the span that enqueued it (None: none was active, or no tracing).
+    traceparent: str | None = None
+    #: The job's concurrency key (None: no concurrency limit).
+    concurrency_key: str | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """Return the lease this claim holds."""
+        return Lease(self.id, self.lease_generation, self.worker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRound:
+    """What one claim returned: the jobs, and how many partitions it refreshed after."""
+
+    jobs: list[ClaimedJob]
+    folded: int = 0
+    #: A concurrency key of these queues had a job that could start: claim the next
+    #: round with ``plain=False``.
+    keys_open: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseExtension:
+    """What one batched lease extension found."""
+
+    #: (job id, lease generation) of the leases extended.
+    held: frozenset[tuple[int, int]]
+    #: Still this worker's, but the row was locked (an atomic task's open transaction):
+    #: not extended this time, not lost.
+    busy: frozenset[tuple[int, int]]
+
+    @property
+    def held_ids(self) -> frozenset[int]:
+        """Return the ids of the jobs whose lease was extended."""
+        return frozenset(job_id for job_id, _ in self.held)
+
+    def lost(self, leases: Iterable[Lease]) -> list[Lease]:
+        """Return those of ``leases`` the extension found neither held nor busy."""
+        kept = self.held | self.busy
+        return [lease for lease in leases if (lease.job_id, lease.lease_generation) not in kept]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What went wrong in one attempt."""
+
+    exception_class: str
+    message: str
+    traceback: str = ""
+    #: Skip the remaining attempts and dead-letter the job. Separate from the class: a
+    #: ``TypeError`` from arguments that do not bind is recorded as such, and permanent.
+    permanent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """Where a failed job went."""
+
+    job_id: int
+    status: JobStatus
+    available_at: datetime
+    attempts: int
+    max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReapedJob:
+    """A job recovered from an expired lease."""
+
+    job_id: int
+    status: JobStatus
+    queue: str
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorResult:
+    """What an operator action did and what it had to leave alone."""
+
+    done: tuple[int, ...]
+    skipped: tuple[int, ...]
+    #: Of the skipped, those the action applied to but whose row stayed locked (a
+    #: running job held by its atomic task's open transaction, say): try again later.
+    busy: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWorker:
+    """A registry row that counts for bucket ownership."""
+
+    worker_id: str
+    queues: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Finished-job counts of one queue since the last flush."""
+
+    queue: str
+    succeeded: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    wait_ms_max: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleDefinition:
+    """A schedule's row as the code declares it (what ``upsert_schedule`` writes)."""
+
+    name: str
+    task_path: str
+    queue: str
+    priority: int
+    max_attempts: int
+    args: list[Any]
+    kwargs: dict[str, Any]
+    expression: str
+    description: str
+    timezone: str
+    downtime: str
+    catch_up: int
+    timing: str
+    #: The fired jobs' flow limits (see :func:`django_pgqueue.flow.resolve_limits`).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    rate_limit: int | None = None
+    rate_period: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DueSchedule:
+    """An active schedule's timing, read with the database clock."""
+
+    name: str
+    expression: str
+    timezone: str
+    downtime: str
+    catch_up: int
+    timing: str
+    next_fire_at: datetime
+    database_now: datetime
+
+    @property
+    def due(self) -> bool:
+        """Return whether its next fire time has come."""
+        return self.next_fire_at <= self.database_now
+
+
+@dataclass(frozen=True, slots=True)
+class PausedSchedule:
+    """A paused schedule's timing, read with the database clock (to plan a resume)."""
+
+    name: str
+    expression: str
+    timezone: str
+    timing: str
+    database_now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class FireResult:
+    """What one ``fire_schedule`` did."""
+
+    #: False when another worker (or an operator, or a sync) moved the schedule first.
+    advanced: bool
+    #: Jobs inserted (fire times that already had their job are not counted).
+    inserted: int
+
+
+# The admin's read-only figures.
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    """One queue's backlog and health, as the admin's lag page shows it."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    processing: int
+    expired: int
+    dead_letters: int
+    #: Pending jobs waiting for a worker that can import their task (a rolling deploy).
+    unknown_task: int
+    #: Jobs waiting for the jobs they run after (after=); not part of the lag.
+    blocked: int
+    #: When the oldest ready job became ready (None: nothing is ready).
+    oldest_ready_at: datetime | None
+    measured_at: datetime
+    #: ready, scheduled and dead_letters stop counting here (the true number may be larger).
+    count_limit: int
+
+    @property
+    def lag_seconds(self) -> float:
+        """Return how long the oldest ready job has been waiting (0 when none is ready)."""
+        if self.oldest_ready_at is None:
+            return 0.0
+        return max((self.measured_at - self.oldest_ready_at).total_seconds(), 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMinute:
+    """One minute of one queue's counters, as workers record them."""
+
+    queue: str
+    minute: datetime
+    succeeded: int
+    failed: int
+    dead_lettered: int
+    wait_ms_max: int
+
+    @property
+    def finished(self) -> int:
+        """Return the jobs that finished an attempt in this minute, whatever the outcome."""
+        return self.succeeded + self.failed + self.dead_lettered
+
+
+@dataclass(frozen=True, slots=True)
+class TableHealth:
+    """Size and vacuum state of the job table, from PostgreSQL's statistics views."""
+
+    total_bytes: int
+    table_bytes: int
+    index_bytes: int
+    live_tuples: int
+    dead_tuples: int
+    modified_since_analyze: int
+    last_vacuum: datetime | None
+    last_autovacuum: datetime | None
+    last_analyze: datetime | None
+    last_autoanalyze: datetime | None
+    autovacuum_count: int
+    autoanalyze_count: int
+
+    @property
+    def dead_fraction(self) -> float:
+        """Return the share of dead tuples among all tuples (0 for an empty table)."""
+        total = self.live_tuples + self.dead_tuples
+        return self.dead_tuples / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTotals:
+    """One queue's finished attempts over a recent window, from the per-minute counters."""
+
+    queue: str
+    succeeded: int
+    failed: int
+    dead_lettered: int
+    #: Longest time a job claimed in the window had been ready, in milliseconds.
+    wait_ms_max: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueWorkers:
+    """How many registered workers serve one queue, by liveness."""
+
+    queue: str
+    live: int
+    draining: int
+    #: Alive or draining but not heard from within the worker timeout.
+    silent: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHeartbeat:
+    """A registry row that is not dead, and how long it has been silent."""
+
+    worker_id: str
+    pid: int
+    status: str
+    #: Seconds since its last heartbeat, on the database's clock.
+    silent_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterGroup:
+    """Dead letters of one task that failed with one error class."""
+
+    task_path: str
+    last_error_class: str | None
+    jobs: int
+    sample_job_id: int
+    sample_queue: str
+    sample_error: str | None
+    sample_finished_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class PausedQueue:
+    """A paused queue: who paused it, when (database clock) and why."""
+
+    queue: str
+    paused_at: datetime
+    paused_by: str
+    reason: str
+    #: False when the queue was already paused (this pause is the earlier one).
+    created: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBlocker:
+    """The job a partitioned job waits for."""
+
+    job_id: int
+    status: JobStatus
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """The running jobs a worker holds leases on."""
+
+    worker_id: str
+    jobs: int
+    expired: int
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidIndex:
+    """An index PostgreSQL keeps up to date on every write but no query may use."""
+
+    schema_name: str
+    table_name: str
+    index_name: str
+    #: ``CREATE INDEX`` statement of the index, as ``pg_get_indexdef`` prints it.
+    definition: str
+    #: Pid of a concurrent index build under way on the table, which may be this one's.
+    building_pid: int | None
+
+
+def _new_snapshot(
+    job_id: int, created_at: datetime, available_at: datetime, params: Mapping[str, Any]
+) -> JobSnapshot:
+    """Return the snapshot of a job just inserted from ``params`` (no round trip needed)."""
+    return JobSnapshot(
+        id=job_id,
+        queue=params["queue"],
+        task_path=params["task_path"],
+        args=json.loads(params["args"]),
+        kwargs=json.loads(params["kwargs"]),
+        priority=params["priority"],
+        status=params.get("status", JobStatus.PENDING),
+        attempts=0,
+        max_attempts=params["max_attempts"],
+        lease_generation=0,
+        claimed_by=None,
+        claimed_at=None,
+        lease_expires_at=None,
+        available_at=available_at,
+        created_at=created_at,
+        started_at=None,
+        finished_at=None,
+        last_error=params.get("last_error"),
+        last_error_class=None,
+        errors=[],
+        result=None,
+        idempotency_key=params["idempotency_key"],
+        partition_key=params["partition_key"],
+        partition_bucket=params["partition_bucket"],
+        concurrency_key=params["concurrency_key"],
+        concurrency_limit=params["concurrency_limit"],
+        rate_limit=params["rate_limit"],
+        rate_period=params["rate_period"],
+        step=None,
+        unknown_task_since=None,
+        traceparent=params["traceparent"],
+    )
