@@ -507,6 +507,9 @@ class QueueStore:
     ) -> set[int]:
         """Mark many jobs succeeded; return the ids whose lease was still held.
 
+        A job that already succeeded under the same lease (this write was sent before,
+        and its acknowledgement was lost with the connection) is returned too, and left
+        as that first write stored it: sending the same completions again is safe.
         Each result must already be JSON text (see :func:`payload.encode_result`).
         """
         if not completions:

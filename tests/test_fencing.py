@@ -104,6 +104,25 @@ def test_batch_operations_apply_only_to_leases_still_held(store, taken_over):
     assert Job.objects.get(pk=mine.id).result == "ok"
 
 
+def test_completions_sent_again_after_a_lost_acknowledgement_count_as_done(store, taken_over):
+    """The recorder resends a batch when the connection drops; the first send may have
+    committed. Jobs that succeeded under the same lease are done, not lost, and keep
+    what the first send stored."""
+    stale, fresh = taken_over
+    store.enqueue(JobSpec("tests.tasks.noop"))
+    (mine,) = store.claim("worker-b", ["default"], per_queue=1, lease_seconds=30)
+    batch = [(fresh.lease, '"first"'), (mine.lease, '"first"')]
+    assert store.complete_many_if_leased("worker-b", batch) == {fresh.id, mine.id}
+    stored = {job_id: _snapshot(job_id) for job_id in (fresh.id, mine.id)}
+    resent = [(fresh.lease, '"second"'), (mine.lease, '"second"')]
+    assert store.complete_many_if_leased("worker-b", resent) == {fresh.id, mine.id}
+    assert {job_id: _snapshot(job_id) for job_id in stored} == stored
+    # Only that lease: not another worker naming it, not the older lease of the same job.
+    assert store.complete_many_if_leased("worker-a", resent) == set()
+    assert store.complete_many_if_leased("worker-a", [(stale.lease, '"stale"')]) == set()
+    assert {job_id: _snapshot(job_id) for job_id in stored} == stored
+
+
 def test_the_current_holder_completes_and_a_second_completion_is_refused(store, taken_over):
     _, fresh = taken_over
     store.complete_if_leased(fresh.lease, '{"answer": 42}')

@@ -8,6 +8,7 @@ jobs whose outcomes nobody writes.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Job
 from django_pgqueue.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
@@ -113,6 +115,56 @@ def test_a_completion_waiting_on_a_lock_does_not_hold_up_the_next_claim(
 
 class _RecorderBug(Exception):
     pass
+
+
+def test_a_completion_whose_acknowledgement_was_lost_is_recorded_as_a_success(
+    db_url,
+    observer: psycopg.Connection[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+):
+    """The batch committed, then the connection dropped before the answer arrived: the
+    recorder sends it again, and its jobs are successes (counted, logged), not lost."""
+    real = QueueStore.complete_many_if_leased
+    sent: list[set[int]] = []
+
+    def committed_then_cut(self: QueueStore, worker_id: str, completions: Any) -> set[int]:
+        done = real(self, worker_id, completions)  # autocommit: it is committed
+        sent.append(done)
+        if len(sent) == 1:
+            self.runner.connection.close()
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return done
+
+    monkeypatch.setattr(QueueStore, "complete_many_if_leased", committed_then_cut)
+    caplog.set_level(logging.INFO, logger="django_pgqueue.jobs")
+    jobs = Job.objects.enqueue_many([JobSpec("tests.tasks.add", args=[n, 1]) for n in range(3)])
+    ids = {job.id for job in jobs}
+    worker = Worker(_options(concurrency=1, prefetch=5, prefetch_window=0))
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        _poll("every job is finished", lambda: worker.processed == 3)
+    finally:
+        worker.request_stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    rows = observer.execute(
+        "SELECT id, status, result::text FROM django_pgqueue_job WHERE id = ANY(%s) ORDER BY id",
+        [sorted(ids)],
+    ).fetchall()
+    assert [(status, result) for _, status, result in rows] == [
+        ("succeeded", str(n + 1)) for n in range(3)
+    ]
+    # The cut batch was sent again, and its jobs came back done.
+    assert len(sent) >= 2
+    assert sent[0] <= sent[1]
+    finished = [
+        record.args[:2]
+        for record in caplog.records
+        if record.name == "django_pgqueue.jobs" and record.msg.startswith("job %s %s:")
+    ]
+    assert sorted(finished) == [(job_id, "succeeded") for job_id in sorted(ids)]
 
 
 def test_an_error_in_the_recorder_stops_the_worker_like_one_in_the_dispatcher(

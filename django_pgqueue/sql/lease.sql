@@ -371,7 +371,8 @@ FROM completed
 -- Mark many leased jobs succeeded, each checked against its own lease generation, and
 -- refresh their partitions. completions is one JSON document, [[job id, lease
 -- generation, result], ...]: cheaper to send than three arrays. Returns the ids that were
--- still leased; the others were lost and are left untouched.
+-- still leased, and those that already succeeded under the very same lease; the others
+-- were lost and are left untouched.
 WITH done AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation,
         item -> 2 AS result
@@ -424,6 +425,18 @@ SELECT completed.id
 FROM completed
 CROSS JOIN refreshed
 LEFT JOIN recounted ON true
+UNION ALL
+-- A retry of a write whose acknowledgement was lost (the connection dropped after the
+-- commit): the job already succeeded under this lease, which no other attempt or worker
+-- can hold, so it is done, not lost, and is left as the first write stored it. Every
+-- part of the statement reads the snapshot taken before its own UPDATE, so a job
+-- completed above is not counted here too. Uses the primary key.
+SELECT job.id
+FROM django_pgqueue_job AS job
+JOIN done ON done.id = job.id AND done.lease_generation = job.lease_generation
+WHERE job.id = ANY (ARRAY(SELECT done.id FROM done))
+  AND job.claimed_by = %(worker_id)s
+  AND job.status = 'succeeded'
 
 
 -- name: fail_if_leased
