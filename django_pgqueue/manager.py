@@ -530,7 +530,18 @@ class QueueStore:
             completions=document,
             channel=conf.NOTIFY_CHANNEL,
         ).rows
-        return {row[0] for row in rows}
+        done = {row[0] for row in rows}
+        if len(done) < len(completions):
+            # Lost leases, or a batch sent before whose answer was lost with the
+            # connection: its jobs succeeded under these very leases, and are done.
+            missing = [lease for lease, _ in completions if lease.job_id not in done]
+            done.update(
+                row[0]
+                for row in self._run(
+                    "succeeded_under_leases", worker_id=worker_id, leases=_leases_document(missing)
+                ).rows
+            )
+        return done
 
     def fail_if_leased(
         self, lease: Lease, failure: Failure, policy: RetryPolicy | None = None

@@ -123,6 +123,21 @@ def test_completions_sent_again_after_a_lost_acknowledgement_count_as_done(store
     assert {job_id: _snapshot(job_id) for job_id in stored} == stored
 
 
+def test_the_check_for_earlier_sends_runs_only_when_a_completion_comes_back_short(
+    store, taken_over, monkeypatch
+):
+    stale, fresh = taken_over
+    sent: list[str] = []
+    run = store.runner.run
+    monkeypatch.setattr(
+        store.runner, "run", lambda query, params: sent.append(query.name) or run(query, params)
+    )
+    assert store.complete_many_if_leased("worker-b", [(fresh.lease, "null")]) == {fresh.id}
+    assert sent == ["complete_many_if_leased"]  # a drain pays for one statement per batch
+    assert store.complete_many_if_leased("worker-a", [(stale.lease, "null")]) == set()
+    assert sent[1:] == ["complete_many_if_leased", "succeeded_under_leases"]
+
+
 def test_the_current_holder_completes_and_a_second_completion_is_refused(store, taken_over):
     _, fresh = taken_over
     store.complete_if_leased(fresh.lease, '{"answer": 42}')

@@ -99,6 +99,7 @@ PARAMS: dict[str, dict[str, Any]] = {
         "channel": "c",
     },
     "release_many_if_leased": {**_MANY, "reason": None, "channel": "c"},
+    "succeeded_under_leases": _MANY,
     "set_step_if_leased": {**_LEASE, "step": "s"},
     "retry_jobs": {"job_ids": [1, 2], "channel": "c"},
     "run_jobs_now": {"job_ids": [1, 2], "channel": "c"},

@@ -371,8 +371,8 @@ FROM completed
 -- Mark many leased jobs succeeded, each checked against its own lease generation, and
 -- refresh their partitions. completions is one JSON document, [[job id, lease
 -- generation, result], ...]: cheaper to send than three arrays. Returns the ids that were
--- still leased, and those that already succeeded under the very same lease; the others
--- were lost and are left untouched.
+-- still leased; the others were lost (or already completed: see succeeded_under_leases)
+-- and are left untouched.
 WITH done AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation,
         item -> 2 AS result
@@ -425,16 +425,22 @@ SELECT completed.id
 FROM completed
 CROSS JOIN refreshed
 LEFT JOIN recounted ON true
-UNION ALL
--- A retry of a write whose acknowledgement was lost (the connection dropped after the
--- commit): the job already succeeded under this lease, which no other attempt or worker
--- can hold, so it is done, not lost, and is left as the first write stored it. Every
--- part of the statement reads the snapshot taken before its own UPDATE, so a job
--- completed above is not counted here too. Uses the primary key.
+
+
+-- name: succeeded_under_leases
+-- Return which of the given leases' jobs already succeeded under that very lease: a
+-- completion sent again after its answer was lost with the connection. No other attempt
+-- or worker can hold the lease, so such a job succeeded by that first write. Sent only
+-- when complete_many_if_leased came back short, so a drain never pays for it. leases is
+-- one JSON document, [[job id, lease generation], ...]. Uses the primary key.
+WITH asked AS (
+    SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
+    FROM jsonb_array_elements(%(leases)s::jsonb) AS item
+)
 SELECT job.id
 FROM django_pgqueue_job AS job
-JOIN done ON done.id = job.id AND done.lease_generation = job.lease_generation
-WHERE job.id = ANY (ARRAY(SELECT done.id FROM done))
+JOIN asked ON asked.id = job.id AND asked.lease_generation = job.lease_generation
+WHERE job.id = ANY (ARRAY(SELECT asked.id FROM asked))
   AND job.claimed_by = %(worker_id)s
   AND job.status = 'succeeded'
 
