@@ -39,6 +39,16 @@ from .states import BlockerFailure, JobStatus
 from .tracing import current_traceparent
 from .values import JobSpec
 
+__all__ = [
+    "TRACEPARENT_MAX_LENGTH",
+    "EnqueueDefaults",
+    "blocker_ids",
+    "dependent_status",
+    "jobs_document",
+    "validated",
+    "validated_many",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class EnqueueDefaults:

@@ -19,6 +19,14 @@ from .sql import Query
 if TYPE_CHECKING:
     import psycopg
 
+__all__ = [
+    "DjangoRunner",
+    "PsycopgRunner",
+    "Result",
+    "Runner",
+    "load_json",
+]
+
 
 # Columns whose values arrive as JSON text (Django's psycopg setup loads jsonb as text so
 # JSONField can decode it; the worker's connections share that setup).

@@ -21,6 +21,37 @@ from .states import BlockerFailure, JobStatus
 if TYPE_CHECKING:
     from .models import Job
 
+__all__ = [
+    "ClaimRound",
+    "ClaimedJob",
+    "DeadLetterGroup",
+    "DueSchedule",
+    "Enqueued",
+    "FailOutcome",
+    "Failure",
+    "FireResult",
+    "InvalidIndex",
+    "JobSnapshot",
+    "JobSpec",
+    "Lease",
+    "LeaseExtension",
+    "LiveWorker",
+    "OperatorResult",
+    "PartitionBlocker",
+    "PausedQueue",
+    "PausedSchedule",
+    "QueueCounts",
+    "QueueLag",
+    "QueueMinute",
+    "QueueTotals",
+    "QueueWorkers",
+    "ReapedJob",
+    "ScheduleDefinition",
+    "TableHealth",
+    "WorkerHeartbeat",
+    "WorkerLoad",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
