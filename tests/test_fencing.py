@@ -123,6 +123,22 @@ def test_completions_sent_again_after_a_lost_acknowledgement_count_as_done(store
     assert {job_id: _snapshot(job_id) for job_id in stored} == stored
 
 
+def test_a_resent_completion_of_an_older_lease_of_the_same_worker_is_still_lost(store):
+    """The same process re-claimed the job (a new generation) and completed it: its
+    first lease's completion, sent late, is lost, not done."""
+    job = store.enqueue(JobSpec("tests.tasks.noop")).job
+    (first,) = store.claim("worker-a", ["default"], per_queue=1, lease_seconds=30)
+    _expire(store, job.pk)
+    assert [r.job_id for r in store.reap_expired(policy=FAST_RETRY)] == [job.pk]
+    (second,) = store.claim("worker-a", ["default"], per_queue=1, lease_seconds=30)
+    assert second.id == first.id
+    assert second.lease_generation > first.lease_generation
+    assert store.complete_many_if_leased("worker-a", [(second.lease, '"second"')]) == {job.pk}
+    stored = _snapshot(job.pk)
+    assert store.complete_many_if_leased("worker-a", [(first.lease, '"first"')]) == set()
+    assert _snapshot(job.pk) == stored
+
+
 def test_the_check_for_earlier_sends_runs_only_when_a_completion_comes_back_short(
     store, taken_over, monkeypatch
 ):
