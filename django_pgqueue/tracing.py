@@ -29,6 +29,10 @@ else:
     # W3C trace context whatever the project's global propagator: the column holds a
     # traceparent header and nothing else.
     _PROPAGATOR = TraceContextTextMapPropagator()
+    # The providers the API hands out while no SDK is configured.
+    _NO_SDK = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+_sdk_seen = False
 
 __all__ = [
     "ATTEMPT",
@@ -40,6 +44,7 @@ __all__ = [
     "attempt_span",
     "current_traceparent",
     "record_exception",
+    "recording",
     "set_outcome",
 ]
 
@@ -62,15 +67,31 @@ def current_traceparent() -> str | None:
     return carrier.get("traceparent")
 
 
+def recording() -> bool:
+    """Whether an SDK is configured, so that :func:`attempt_span` makes real spans.
+
+    The worker asks before every attempt and skips :func:`attempt_span` (a generator
+    context manager) when the answer is no: without an SDK every span would be a no-op,
+    yet building one (links, attributes, context tokens) costs more than a short job. A
+    provider set later is seen at the next attempt; once one is seen the answer stays
+    yes (OpenTelemetry's global provider cannot be unset), and the API is not asked
+    again (asking reads the environment while no provider is set).
+    """
+    global _sdk_seen  # noqa: PLW0603 (set once, read on every attempt)
+    if not AVAILABLE:
+        return False
+    if _sdk_seen:
+        return True
+    if isinstance(trace.get_tracer_provider(), _NO_SDK):
+        return False
+    _sdk_seen = True
+    return True
+
+
 @contextmanager
 def attempt_span(job: ClaimedJob) -> Iterator[Any]:
-    """Run the block in a span for one attempt of ``job`` (yields None without the API)."""
-    if not AVAILABLE or isinstance(
-        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-    ):
-        # No SDK is configured: every span would be a no-op, yet building one (links,
-        # attributes, context tokens) costs more than a short job. A provider set later
-        # is seen at the next attempt.
+    """Run the block in a span for one attempt of ``job`` (yields None without an SDK)."""
+    if not recording():
         yield None
         return
     links = []

@@ -6,6 +6,8 @@ worker's threads report to this process's tracer provider).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -21,7 +23,7 @@ from django_pgqueue.exceptions import InvalidOption
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
 from django_pgqueue.values import JobSpec
-from django_pgqueue.worker import Worker, WorkerOptions
+from django_pgqueue.worker import Worker, WorkerOptions, execution
 from tests import tasks
 from tests.workers import wait_for
 
@@ -154,3 +156,43 @@ def test_without_opentelemetry_nothing_is_stored_or_made(monkeypatch, spans, db)
     with tracing.attempt_span(Job.objects.get(pk=int(result.id))) as span:  # type: ignore[arg-type]
         assert span is None
     assert spans.get_finished_spans() == ()
+
+
+_WITHOUT_AN_SDK = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from django_pgqueue import tracing
+
+before = tracing.recording()
+with tracing.attempt_span(None) as span:
+    made = span is not None
+trace.set_tracer_provider(TracerProvider())
+print(before, made, tracing.recording())
+"""
+
+
+def test_the_worker_asks_for_spans_only_once_an_sdk_is_configured():
+    # A fresh interpreter: this process's provider was set by the tests above. Without
+    # an SDK no span is made (the worker skips attempt_span); a provider set later is
+    # seen at the next ask.
+    completed = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_AN_SDK],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["False", "False", "True"]
+
+
+def test_attempts_skip_the_span_machinery_without_an_sdk(monkeypatch, db_url):
+    # recording() says no: run_sync must not enter attempt_span at all (it would raise).
+    def no_span(job):
+        raise AssertionError("attempt_span entered without an SDK")
+
+    monkeypatch.setattr(execution, "recording", lambda: False)
+    monkeypatch.setattr(execution, "attempt_span", no_span)
+    job = tasks.add.enqueue(2, 3)
+    _run_until_finished(int(job.id))
+    assert Job.objects.get(pk=int(job.id)).status == JobStatus.SUCCEEDED

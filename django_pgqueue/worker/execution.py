@@ -37,7 +37,7 @@ from ..manager import QueueStore
 from ..payload import StoredResult, encode_result
 from ..periodic import parse_fire_key
 from ..runners import DjangoRunner
-from ..tracing import attempt_span, record_exception, set_outcome
+from ..tracing import attempt_span, record_exception, recording, set_outcome
 from ..values import ClaimedJob, Failure
 
 __all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
@@ -408,6 +408,8 @@ class JobRunner:
     # ------------------------------------------------------------------ sync tasks
     def run_sync(self, flight: InFlight) -> Outcome:
         """Run a sync task in this thread (in a trace span) and return its outcome."""
+        if not recording():
+            return self._run_sync(flight)
         with attempt_span(flight.job) as span:
             outcome = self._run_sync(flight)
             set_outcome(span, _span_outcome(flight, outcome))
@@ -428,10 +430,12 @@ class JobRunner:
             return self._run_atomic(flight, task_result, started)
         # Step writes go through this thread's own Django connection: they never queue
         # behind another job's bookkeeping (and join the handler's transaction, if it
-        # opened one).
-        store = QueueStore(DjangoRunner(self.database))
+        # opened one). The store is made only when a step is written: most jobs write none.
+        database = self.database
         args = self._call_arguments(
-            flight, task_result, lambda step: store.set_step_if_leased(job.lease, step)
+            flight,
+            task_result,
+            lambda step: QueueStore(DjangoRunner(database)).set_step_if_leased(job.lease, step),
         )
         try:
             task_started.send(PgQueueBackend, task_result=task_result)
@@ -477,6 +481,8 @@ class JobRunner:
     # ------------------------------------------------------------------ async tasks
     async def run_async(self, flight: InFlight) -> Outcome:
         """Run a coroutine task (in a trace span) and return its outcome."""
+        if not recording():
+            return await self._run_async(flight)
         with attempt_span(flight.job) as span:
             outcome = await self._run_async(flight)
             set_outcome(span, _span_outcome(flight, outcome))
