@@ -77,6 +77,47 @@ def test_two_outcome_batches_a_moment_apart_are_not_read_as_a_flood():
     assert pace.extra(now=10.002) == 12  # 50 / 0.2 s x 50 ms, not 50 / 2 ms
 
 
+def test_short_jobs_reach_the_cap_within_milliseconds_of_a_burst():
+    # Ten threads of no-op jobs (50 us each): 300 finished in the burst's first 20 ms.
+    # The cautious reading (300 / 0.2 s) would hold 75; their run times say the threads
+    # could finish far more, so the span is read as it is: 15,000/s, capped at 500.
+    pace = AdaptivePrefetch(window=0.05, cap=500, concurrency=10)
+    pace.finished(10, now=10.0, run_times=[50e-6] * 10)
+    pace.finished(100, now=10.01, run_times=[50e-6] * 100)
+    pace.finished(200, now=10.02, run_times=[50e-6] * 200)
+    assert pace.extra(now=10.02) == 500
+    without_run_times = AdaptivePrefetch(window=0.05, cap=500, concurrency=10)
+    for count, at in ((10, 10.0), (100, 10.01), (200, 10.02)):
+        without_run_times.finished(count, now=at)
+    assert without_run_times.extra(now=10.02) == 75
+
+
+def test_slow_jobs_ending_together_are_not_read_as_a_flood_from_their_run_times():
+    # A hundred one-second async jobs (concurrency 100) ending within 2 ms: the handlers
+    # finish at most 100/s, so the quick reading is 100/s, below the cautious 250/s.
+    pace = AdaptivePrefetch(window=0.05, cap=500, concurrency=100)
+    pace.finished(50, now=10.0, run_times=[1.0] * 50)
+    pace.finished(50, now=10.002, run_times=[1.0] * 50)
+    assert pace.extra(now=10.002) == 12  # 50 / 0.2 s x 50 ms, as without run times
+
+
+def test_a_fast_job_beside_stalled_threads_reads_the_rate_that_is_finishing():
+    # Nine threads stuck in long handlers, one running 1 ms jobs: only what finishes
+    # counts, 1,000/s, so the worker holds 50 (they start within the window).
+    pace = AdaptivePrefetch(window=0.05, cap=500, concurrency=10)
+    for tick in range(21):
+        pace.finished(10, now=10.0 + tick * 0.01, run_times=[0.001] * 10)
+    assert pace.extra(now=10.2) == 50
+
+
+def test_jobs_given_back_unstarted_do_not_count_as_fast():
+    # Released before they started: no run time, so only the cautious reading applies.
+    pace = AdaptivePrefetch(window=0.05, cap=500, concurrency=10)
+    pace.finished(200, now=10.0, run_times=[0.0] * 200)
+    pace.finished(200, now=10.01, run_times=[0.0] * 200)
+    assert pace.extra(now=10.01) == 50  # 200 / 0.2 s x 50 ms
+
+
 @hypothesis_settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.floats(0, 0.3), st.integers(0, 2_000)), min_size=0, max_size=40),
@@ -102,6 +143,43 @@ def test_the_extra_stays_within_the_cap_and_what_the_last_second_finished(
     assert extra <= int(recent / 0.2 * 0.05)
     if recent == 0:
         assert extra == 0
+
+
+@hypothesis_settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0, 0.3), st.integers(0, 2_000), st.floats(1e-5, 3.0)),
+        max_size=40,
+    ),
+    st.floats(0, 2),
+    st.integers(1, 1_000),
+    st.integers(1, 500),
+)
+def test_the_quick_reading_never_exceeds_what_the_handlers_finish(
+    steps: list[tuple[float, int, float]], after: float, cap: int, concurrency: int
+):
+    # Whatever the timing of the outcome batches, the extra is within the cap, zero
+    # after a second without finishes, and above the cautious reading only as far as
+    # `concurrency` handlers at the measured mean run time could finish.
+    pace = AdaptivePrefetch(window=0.05, cap=cap, concurrency=concurrency)
+    now = 100.0
+    samples = []
+    for gap, count, run_time in steps:
+        now += gap
+        pace.finished(count, now=now, run_times=[run_time] * count)
+        if count:
+            samples.append((now, count, run_time))
+    now += after
+    recent = [(count, run_time) for at, count, run_time in samples if at > now - 1.0]
+    finished = sum(count for count, _ in recent)
+    extra = pace.extra(now=now)
+    assert 0 <= extra <= cap
+    if finished == 0:
+        assert extra == 0
+        return
+    busy = sum(count * run_time for count, run_time in recent)
+    handlers = concurrency * finished / busy
+    assert extra <= max(int(finished / 0.2 * 0.05), int(handlers * 0.05) + 1)
 
 
 @pytest.mark.parametrize("rate", [20, 400, 5_000])

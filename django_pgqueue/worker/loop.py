@@ -92,7 +92,9 @@ class Worker:
         # Jobs whose unknown task was already reported (a WARNING once per job per worker).
         self._unknown_reported: dict[int, None] = {}
         self._claim_sent_at = time.monotonic()
-        self._adaptive = AdaptivePrefetch(options.prefetch_window, options.batch_size)
+        self._adaptive = AdaptivePrefetch(
+            options.prefetch_window, options.batch_size, options.concurrency
+        )
         self._next_hand_back_check = 0.0
         self._retry_policy = RetryPolicy.from_settings()
         self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
@@ -540,7 +542,7 @@ class Worker:
                 break
         if not outcomes:
             return True
-        self._adaptive.finished(len(outcomes))
+        self._adaptive.finished(len(outcomes), run_times=[outcome.duration for outcome in outcomes])
         for outcome in outcomes:
             self._settle_timeout(outcome)
         self._write_started = time.monotonic()
