@@ -255,10 +255,9 @@ class PgQueueBackend(BaseTaskBackend):
     ) -> list[TaskResult]:  # type: ignore[type-arg]
         """Insert one job per ``(args, kwargs)`` with a single statement."""
         self.validate_task(task)
-        options = self._spec_options(task)
-        specs = [JobSpec(args=args, kwargs=kwargs, **options) for args, kwargs in calls]
+        template = self._spec(task, (), {})
         with self._schema_errors():
-            outcomes = self._store().enqueue_many(specs)
+            outcomes = self._store().enqueue_calls(template, calls)
         results = []
         for outcome in outcomes:
             result = self._inserted_result(task, outcome) or self._result(task, outcome.snapshot)

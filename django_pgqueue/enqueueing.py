@@ -12,7 +12,7 @@ import functools
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "dependent_status",
     "jobs_document",
     "validated",
+    "validated_calls",
     "validated_many",
 ]
 
@@ -156,6 +157,45 @@ def validated_many(specs: Sequence[JobSpec], defaults: EnqueueDefaults) -> list[
         if shape is not None and options is None:
             checked[shape] = dict(params)  # the caller pops from what it gets
         prepared.append(params)
+    return prepared
+
+
+def validated_calls(
+    template: JobSpec,
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    defaults: EnqueueDefaults,
+) -> list[dict[str, Any]] | None:
+    """Return the statement parameters of one job per ``(args, kwargs)`` of ``template``.
+
+    ``Task.enqueue_many``'s jobs share every field but their arguments: the first call is
+    checked in full, the others only for their arguments, as :func:`validated_many` does
+    for specs of one shape, without building a spec per call. Returns None when
+    ``template`` needs the per-spec path: it has dependencies, an idempotency key (every
+    job would share it) or a coalesce key.
+    """
+    after = template.after
+    if (
+        type(after) not in (tuple, list)
+        or after
+        or template.idempotency_key is not None
+        or template.coalesce_key is not None
+        or template.debounce is not None
+    ):
+        return None
+    args, kwargs = calls[0]
+    first = validated(replace(template, args=args, kwargs=kwargs), defaults, position=0)
+    del first["after"], first["on_blocker_failure"]
+    prepared = [first]
+    limit = defaults.payload_limit
+    for position in range(1, len(calls)):
+        args, kwargs = calls[position]
+        try:
+            args_json, kwargs_json = encode_arguments(args, kwargs, limit=limit)
+        except PayloadTooLarge:
+            raise
+        except InvalidArguments as error:
+            raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
+        prepared.append({**first, "args": args_json, "kwargs": kwargs_json})
     return prepared
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ from .enqueueing import (
     dependent_status,
     jobs_document,
     validated,
+    validated_calls,
     validated_many,
 )
 from .exceptions import InvalidOption, LeaseLost, UnknownDependency
@@ -238,11 +240,10 @@ class QueueStore:
                     specs, prepared, dependencies, strict=True
                 )
             ]
-        keyed = any(params["idempotency_key"] is not None for params in prepared)
+        if all(params["idempotency_key"] is None for params in prepared):
+            return self._insert_unkeyed(prepared)
         rows = self._run(
-            "enqueue_many" if keyed else "enqueue_many_unkeyed",
-            channel=conf.NOTIFY_CHANNEL,
-            jobs=jobs_document(prepared),
+            "enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared)
         ).rows
         alias = self.runner.alias
         outcomes: list[Enqueued | None] = []
@@ -282,6 +283,39 @@ class QueueStore:
                     else:  # deleted in between: enqueue it again
                         outcomes[index] = self.enqueue(spec)
         return [outcome for outcome in outcomes if outcome is not None]
+
+    def enqueue_calls(
+        self, template: JobSpec, calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]]
+    ) -> list[Enqueued]:
+        """Insert one job per ``(args, kwargs)``, each with every other field of ``template``.
+
+        What ``Task.enqueue_many`` sends: the same as :meth:`enqueue_many` with one spec
+        per call, but the options are checked once and no spec is built per call. A
+        template with dependencies, an idempotency key or a coalesce key takes the
+        per-spec path.
+        """
+        calls = list(calls)
+        if not calls:
+            return []
+        prepared = validated_calls(template, calls, EnqueueDefaults.read())
+        if prepared is None:
+            return self.enqueue_many(
+                [replace(template, args=args, kwargs=kwargs) for args, kwargs in calls]
+            )
+        return self._insert_unkeyed(prepared)
+
+    def _insert_unkeyed(self, prepared: list[dict[str, Any]]) -> list[Enqueued]:
+        """Insert checked jobs without idempotency keys or dependencies, in one statement."""
+        rows = self._run(
+            "enqueue_many_unkeyed", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared)
+        ).rows
+        if len(rows) != len(prepared):  # nothing can skip a row of this statement
+            raise AssertionError("enqueue_many: a row was not inserted")
+        alias = self.runner.alias
+        return [
+            Enqueued(None, True, alias, pending=(row[0], row[1], row[2], params))
+            for row, params in zip(rows, prepared, strict=True)
+        ]
 
     def _enqueue_after(
         self, params: dict[str, Any], blocker_ids: list[int], on_failure: str

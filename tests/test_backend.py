@@ -17,7 +17,7 @@ from django_pgqueue.compat import (
     task_backends,
     task_enqueued,
 )
-from django_pgqueue.exceptions import LeaseLost, UnknownTask
+from django_pgqueue.exceptions import InvalidArguments, LeaseLost, PayloadTooLarge, UnknownTask
 from django_pgqueue.models import Job
 from django_pgqueue.partition import bucket_for
 from django_pgqueue.retry import RetryPolicy
@@ -118,6 +118,85 @@ def test_enqueue_many_inserts_one_job_per_call(enqueued_signals):
     assert [result.args for result in results] == [[index, 1] for index in range(50)]
     assert Job.objects.count() == 50
     assert len(enqueued_signals) == 50
+
+
+_COMPARED = (
+    "queue", "task_path", "args", "kwargs", "priority", "status", "max_attempts",
+    "partition_key", "partition_bucket", "concurrency_key", "concurrency_limit",
+    "rate_limit", "rate_period", "traceparent", "idempotency_key",
+)  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_tasks_enqueue_many_stores_what_one_spec_per_call_would(enqueued_signals):
+    # Task.enqueue_many checks the task's options once and builds no spec per call:
+    # every row and result must be what the per-spec path makes of the same calls.
+    task = tasks.add.using(priority=7, queue_name="emails", max_attempts=4, partition_key="p")
+    calls = [((index, {"n": [index]}), {"label": f"x{index}"}) for index in range(5)]
+    calls.append(((), {}))
+    results = task.enqueue_many(calls)
+    backend = task_backends["default"]
+    specs = [backend._spec(task, args, kwargs) for args, kwargs in calls]
+    expected = Job.objects.enqueue_many(specs)
+    fast = Job.objects.filter(pk__in=[int(r.id) for r in results]).order_by("id")
+    slow = Job.objects.filter(pk__in=[job.pk for job in expected]).order_by("id")
+    assert [[getattr(job, name) for name in _COMPARED] for job in fast] == [
+        [getattr(job, name) for name in _COMPARED] for job in slow
+    ]
+    assert [job.id for job in fast] == [int(result.id) for result in results]
+    for result in results:
+        stored = backend.get_result(result.id)
+        assert (result.status, result.args, result.kwargs, result.enqueued_at) == (
+            stored.status,
+            stored.args,
+            stored.kwargs,
+            stored.enqueued_at,
+        )
+    assert enqueued_signals == results
+
+
+@pytest.mark.django_db
+def test_the_tasks_enqueue_many_checks_the_options_once_and_every_calls_arguments(
+    monkeypatch,
+):
+    from django_pgqueue import enqueueing
+
+    full_checks = []
+    checked = enqueueing.validated
+    monkeypatch.setattr(
+        enqueueing, "validated", lambda *a, **k: full_checks.append(1) or checked(*a, **k)
+    )
+    tasks.add.enqueue_many([((index, 1), {}) for index in range(300)])
+    assert len(full_checks) == 1
+    assert Job.objects.count() == 300
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("bad", "raised", "named"),
+    [
+        ((object(), 1), InvalidArguments, "jobs[2].args[0]"),
+        (("x" * 2_000_000,), PayloadTooLarge, "args/kwargs"),
+        ((1, "\x00"), InvalidArguments, "jobs[2].args[1]"),
+    ],
+)
+def test_a_bad_call_of_the_tasks_enqueue_many_is_named_and_nothing_is_written(
+    bad, raised, named, enqueued_signals
+):
+    calls = [((1, 1), {}), ((2, 1), {}), (bad, {}), ((3, 1), {})]
+    with pytest.raises(raised) as error:
+        tasks.add.enqueue_many(calls)
+    assert error.value.argument == named
+    assert not Job.objects.exists()
+    assert enqueued_signals == []
+
+
+@pytest.mark.django_db
+def test_the_tasks_enqueue_many_with_an_idempotency_key_makes_one_job():
+    # The key is the task's, so every call names the same job (the per-spec path).
+    results = tasks.add.using(idempotency_key="once").enqueue_many([((1, 1), {}), ((2, 2), {})])
+    assert results[0].id == results[1].id
+    assert Job.objects.count() == 1
 
 
 def _run_to(store, job_id, status):
