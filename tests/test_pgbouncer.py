@@ -56,7 +56,10 @@ def test_enqueue_and_a_burst_worker_through_pgbouncer(db_url, observer, monkeypa
             assert worker.wait(90) == 0, worker.output()
         finally:
             worker.stop()
-        assert transactions_served(bouncer_url) > served + 50
+        # The worker's statements went through the bouncer. How many depends on how
+        # it batches (adaptive prefetch takes most of the 50 jobs in a few claims), but
+        # a burst worker registers, claims, completes, finds nothing more and leaves.
+        assert transactions_served(bouncer_url) >= served + 5
     statuses = dict(
         observer.execute(
             "SELECT status, count(*) FROM django_pgqueue_job GROUP BY status"
