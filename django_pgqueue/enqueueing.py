@@ -134,7 +134,7 @@ def validated(
     except InvalidArguments as error:
         if position is None:
             raise
-        raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
+        raise _in_batch(error, position) from None
     except InvalidOption as error:
         if position is None:
             raise
@@ -173,14 +173,7 @@ def validated_calls(
     ``template`` needs the per-spec path: it has dependencies, an idempotency key (every
     job would share it) or a coalesce key.
     """
-    after = template.after
-    if (
-        type(after) not in (tuple, list)
-        or after
-        or template.idempotency_key is not None
-        or template.coalesce_key is not None
-        or template.debounce is not None
-    ):
+    if not _plain_options(template) or template.idempotency_key is not None:
         return None
     args, kwargs = calls[0]
     first = validated(replace(template, args=args, kwargs=kwargs), defaults, position=0)
@@ -194,7 +187,7 @@ def validated_calls(
         except PayloadTooLarge:
             raise
         except InvalidArguments as error:
-            raise InvalidArguments(f"jobs[{position}].{error.argument}", error.reason) from None
+            raise _in_batch(error, position) from None
         prepared.append({**first, "args": args_json, "kwargs": kwargs_json})
     return prepared
 
@@ -207,6 +200,26 @@ _OPTION_FIELDS = tuple(
 )
 
 
+def _in_batch(error: InvalidArguments, position: int) -> InvalidArguments:
+    """Return ``error`` naming the job's position in a batch (``jobs[3].args[0]``)."""
+    return InvalidArguments(f"jobs[{position}].{error.argument}", error.reason)
+
+
+def _plain_options(spec: JobSpec) -> bool:
+    """Whether ``spec`` has no dependencies and no coalescing: checks that can be shared.
+
+    Only a plain empty ``after``: anything else (an array without a truth value, a
+    generator) goes the long way, whose checks give it a typed error. Dependencies and
+    coalescing are checked together with the idempotency key.
+    """
+    return (
+        type(spec.after) in (tuple, list)
+        and not spec.after
+        and spec.coalesce_key is None
+        and spec.debounce is None
+    )
+
+
 def _options_shape(spec: JobSpec) -> tuple[Any, ...] | None:
     """Return a key equal for specs whose options check the same way, or None.
 
@@ -214,10 +227,7 @@ def _options_shape(spec: JobSpec) -> tuple[Any, ...] | None:
     one of each pair is valid. Dependencies and coalescing are checked together with the
     idempotency key, so specs carrying them are always checked in full.
     """
-    # Only a plain empty ``after``: anything else (an array without a truth value, a
-    # generator) goes the long way, whose checks give it a typed error.
-    no_blockers = type(spec.after) in (tuple, list) and not spec.after
-    if not no_blockers or spec.coalesce_key is not None or spec.debounce is not None:
+    if not _plain_options(spec):
         return None
     shape = tuple((type(value), value) for value in map(spec.__getattribute__, _OPTION_FIELDS))
     try:

@@ -72,11 +72,12 @@ class AdaptivePrefetch:
             return
         now = time.monotonic() if now is None else now
         ran = [seconds for seconds in run_times if seconds > 0]
+        busy = sum(ran)
         with self._lock:
-            self._finished.append((now, count, len(ran), sum(ran)))
+            self._finished.append((now, count, len(ran), busy))
             self._total += count
             self._ran += len(ran)
-            self._busy += sum(ran)
+            self._busy += busy
             self._expire(now)
 
     def extra(self, now: float | None = None) -> int:
