@@ -192,6 +192,17 @@ def test_a_bad_call_of_the_tasks_enqueue_many_is_named_and_nothing_is_written(
 
 
 @pytest.mark.django_db
+def test_a_bad_first_call_is_named_by_the_full_check_and_nothing_is_written(enqueued_signals):
+    # The first call goes through the full check (with the task's options), the others
+    # through the arguments-only one: both name the call's position.
+    with pytest.raises(InvalidArguments) as error:
+        tasks.add.enqueue_many([((1, "\x00"), {}), ((2, 1), {})])
+    assert error.value.argument == "jobs[0].args[1]"
+    assert not Job.objects.exists()
+    assert enqueued_signals == []
+
+
+@pytest.mark.django_db
 def test_the_tasks_enqueue_many_with_an_idempotency_key_makes_one_job():
     # The key is the task's, so every call names the same job (the per-spec path).
     results = tasks.add.using(idempotency_key="once").enqueue_many([((1, 1), {}), ((2, 2), {})])
