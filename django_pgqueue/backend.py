@@ -54,6 +54,7 @@ from .flow import check_limit, parse_rate
 from .limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
 from .manager import QueueStore
 from .payload import check_key
+from .results import build_result
 from .states import BlockerFailure, JobStatus
 from .tables import is_undefined_table
 from .values import Enqueued, JobSnapshot, JobSpec
@@ -342,9 +343,9 @@ class PgQueueBackend(BaseTaskBackend):
             return None
         if outcome.snapshot_status() is not JobStatus.PENDING:
             return None
-        return TaskResult(
+        return build_result(
             task=task,
-            id=str(outcome.id),
+            job_id=str(outcome.id),
             status=TaskResultStatus.READY,
             enqueued_at=inserted[0],
             started_at=None,

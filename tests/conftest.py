@@ -65,6 +65,7 @@ DJANGO_SURFACE = frozenset(
         "test_schedule_checks.py",
         "test_schedule_plan.py",
         "test_task_failures.py",
+        "test_results.py",
         "test_task_results.py",
         "test_tracing.py",
         "test_two_databases.py",

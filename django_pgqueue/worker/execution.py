@@ -36,6 +36,7 @@ from ..exceptions import (
 from ..manager import QueueStore
 from ..payload import StoredResult, encode_result
 from ..periodic import parse_fire_key
+from ..results import build_result, unshared
 from ..runners import DjangoRunner
 from ..tracing import attempt_span, record_exception, recording, set_outcome
 from ..values import ClaimedJob, Failure
@@ -282,16 +283,18 @@ class JobRunner:
     def _task_result(self, flight: InFlight) -> TaskResult:  # type: ignore[type-arg]
         job = flight.job
         assert flight.entry is not None
-        return TaskResult(
+        # The task is called with job.args and job.kwargs themselves: the result gets
+        # copies, as the constructor's normalize_json would give it.
+        return build_result(
             task=flight.entry.task,
-            id=str(job.id),
+            job_id=str(job.id),
             status=TaskResultStatus.RUNNING,
             enqueued_at=job.created_at,
             started_at=job.claimed_at,
             finished_at=None,
             last_attempted_at=job.claimed_at,
-            args=job.args,
-            kwargs=job.kwargs,
+            args=unshared(job.args),
+            kwargs=unshared(job.kwargs),
             backend=self.backend_alias,
             errors=[],
             worker_ids=[*job.prior_workers, self.worker_id],
