@@ -242,9 +242,9 @@ class QueueStore:
             ]
         if all(params["idempotency_key"] is None for params in prepared):
             return self._insert_unkeyed(prepared)
-        rows = self._run(
-            "enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared)
-        ).rows
+        rows = _inserted_rows(
+            self._run("enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared))
+        )
         alias = self.runner.alias
         outcomes: list[Enqueued | None] = []
         by_key: dict[str, JobSnapshot] = {}
@@ -306,9 +306,11 @@ class QueueStore:
 
     def _insert_unkeyed(self, prepared: list[dict[str, Any]]) -> list[Enqueued]:
         """Insert checked jobs without idempotency keys or dependencies, in one statement."""
-        rows = self._run(
-            "enqueue_many_unkeyed", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared)
-        ).rows
+        rows = _inserted_rows(
+            self._run(
+                "enqueue_many_unkeyed", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared)
+            )
+        )
         if len(rows) != len(prepared):  # nothing can skip a row of this statement
             raise AssertionError("enqueue_many: a row was not inserted")
         alias = self.runner.alias
@@ -1169,6 +1171,25 @@ class QueueStore:
         """Return the INVALID indexes on ``table_names`` (missing tables are ignored)."""
         rows = self._run("invalid_indexes", table_names=list(table_names)).dicts()
         return [InvalidIndex(**row) for row in rows]
+
+
+def _inserted_rows(result: Result) -> list[tuple[int, datetime, datetime, str | None]]:
+    """Return ``(id, created_at, available_at, idempotency_key)`` per job a bulk insert wrote.
+
+    The statements answer with one row of arrays (see ``enqueue_many`` in enqueue.sql),
+    leaving out the available times and keys when they say nothing new.
+    """
+    ids, created_at, available_at, keys, _notified = result.rows[0]
+    if ids is None:
+        return []
+    count = len(ids)
+    if available_at is None:
+        available_at = [created_at] * count
+    if keys is None:
+        keys = [None] * count
+    if not len(available_at) == len(keys) == count:
+        raise AssertionError("enqueue_many: the returned arrays differ in length")
+    return list(zip(ids, [created_at] * count, available_at, keys, strict=True))
 
 
 def _loads_json(text: str) -> Any:

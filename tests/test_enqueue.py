@@ -142,6 +142,39 @@ def test_enqueue_many_resolves_keys_within_the_batch_and_against_existing_jobs(d
     assert Job.objects.count() == 4
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_enqueue_many_returns_each_jobs_id_and_times_as_stored(db, keyed):
+    # The statement answers with arrays, and leaves out the available times when every
+    # job runs now: each outcome must still carry its own row's values, in input order.
+    Job.objects.enqueue("tests.tasks.noop", idempotency_key="taken")
+    soon = timezone.now() + dt.timedelta(minutes=5)
+    past = timezone.now() - dt.timedelta(days=1)
+    specs = [
+        JobSpec(
+            "tests.tasks.add",
+            args=[index, 0],
+            available_at=[None, soon, past][index % 3] if index < 60 else None,
+            idempotency_key=("taken" if index == 7 else f"k{index}") if keyed else None,
+        )
+        for index in range(90)
+    ]
+    outcomes = Job.objects.store().enqueue_many(specs)
+    rows = {job.pk: job for job in Job.objects.filter(task_path="tests.tasks.add")}
+    for index, outcome in enumerate(outcomes):
+        job = outcome.snapshot
+        if keyed and index == 7:
+            assert not outcome.created
+            continue
+        stored = rows[job.id]
+        assert outcome.created
+        assert job.args == stored.args == [index, 0]
+        assert (job.created_at, job.available_at) == (stored.created_at, stored.available_at)
+    created = [outcome.snapshot.created_at for outcome in outcomes if outcome.created]
+    assert len(set(created)) == 1  # one statement, one transaction time
+    all_now = Job.objects.store().enqueue_many([JobSpec("tests.tasks.noop") for _ in range(3)])
+    assert all(o.snapshot.available_at == o.snapshot.created_at for o in all_now)
+
+
 def test_enqueue_many_of_nothing_runs_no_query(db):
     with CaptureQueriesContext(connection) as queries:
         assert Job.objects.enqueue_many([]) == []

@@ -117,8 +117,8 @@ WHERE existing.idempotency_key = %(idempotency_key)s
 -- jobs is one JSON document, [[queue, task_path, args, kwargs, priority, max_attempts,
 -- available_at, idempotency_key, partition_key, partition_bucket, traceparent,
 -- concurrency_key, concurrency_limit, rate_limit, rate_period], ...]: cheaper to send
--- and parse than ten parallel arrays. Rows come back in input order with just what the
--- caller does not know yet; skipped rows are missing and the caller reads them with
+-- and parse than ten parallel arrays. What the caller does not know yet comes back in
+-- input order; skipped rows are missing and the caller reads them with
 -- select_by_idempotency_keys.
 -- variant: enqueue_many_unkeyed without conflict
 -- A batch without idempotency keys cannot conflict (pgq_job_idempotency_key holds only
@@ -164,7 +164,20 @@ signalled_keys AS (
     SELECT DISTINCT inserted.concurrency_key FROM inserted
     WHERE inserted.concurrency_key IS NOT NULL
 )
-SELECT inserted.id, inserted.created_at, inserted.available_at, inserted.idempotency_key,
+-- One row of arrays in insert order (ids follow it: the sequence is read row by row, in
+-- ORDER BY position), rather than a row per job: the client decodes a thousand integers
+-- in one value instead of a thousand rows with two timestamps each. created_at is now()
+-- for every row; available_at is sent only when some job was given its own, and keys
+-- only when some job has one. No row inserted: ids is NULL.
+SELECT
+    array_agg(inserted.id ORDER BY inserted.id) AS ids,
+    now() AS created_at,
+    CASE WHEN NOT bool_and(inserted.available_at = inserted.created_at)
+        THEN array_agg(inserted.available_at ORDER BY inserted.id)
+    END AS available_at,
+    CASE WHEN bool_or(inserted.idempotency_key IS NOT NULL)
+        THEN array_agg(inserted.idempotency_key ORDER BY inserted.id)
+    END AS idempotency_keys,
     (SELECT count(*) FROM woken) AS notified
 FROM inserted
 
