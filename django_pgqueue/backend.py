@@ -337,23 +337,21 @@ class PgQueueBackend(BaseTaskBackend):
         The same value :meth:`_result` builds from the job's snapshot, without building
         the snapshot: a bulk enqueue describes thousands of new jobs at once.
         """
-        payload = outcome.inserted_payload
-        inserted = outcome.inserted
-        if payload is None or inserted is None or not outcome.created:
+        inserted = outcome.inserted_pending()
+        if inserted is None:
             return None
-        if outcome.snapshot_status() is not JobStatus.PENDING:
-            return None
+        job_id, created_at, args_json, kwargs_json = inserted
         return build_result(
             task=task,
-            job_id=str(outcome.id),
+            job_id=str(job_id),
             status=TaskResultStatus.READY,
-            enqueued_at=inserted[0],
+            enqueued_at=created_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
             # The stored JSON, read back: what the worker will pass to the task.
-            args=_decoded(payload[0]),
-            kwargs=_decoded(payload[1]),
+            args=_decoded(args_json),
+            kwargs=_decoded(kwargs_json),
             backend=self.alias,
             errors=[],
             worker_ids=[],

@@ -20,6 +20,8 @@ release that changes the class) every result goes through the constructor.
 from __future__ import annotations
 
 import dataclasses
+import types
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final
 
@@ -27,46 +29,79 @@ from .compat import TaskResult, TaskResultStatus, normalize_json
 
 __all__ = ["SHORTCUT", "build_result", "unshared"]
 
-_CONSTRUCTOR_FIELDS: Final = frozenset(
-    {
-        "task",
-        "id",
-        "status",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "last_attempted_at",
-        "args",
-        "kwargs",
-        "backend",
-        "errors",
-        "worker_ids",
-    }
+#: The constructor's fields, in the order :func:`build_result` sets them.
+_CONSTRUCTOR_FIELDS: Final = (
+    "task",
+    "id",
+    "status",
+    "enqueued_at",
+    "started_at",
+    "finished_at",
+    "last_attempted_at",
+    "args",
+    "kwargs",
+    "backend",
+    "errors",
+    "worker_ids",
 )
 
+_Setter = Callable[[Any, Any], None]
 
-def _other_fields() -> tuple[tuple[str, Any], ...] | None:
-    """Return ``(name, default)`` of the fields the constructor does not take, or None.
 
-    None when the class is not the one this module was written for.
+def _setters() -> tuple[tuple[_Setter, ...], tuple[tuple[_Setter, Any], ...]] | None:
+    """Return the slot setters of the constructor's fields, and ``(setter, default)`` of
+    the others; None when ``TaskResult`` is not the class this module was written for.
+
+    A slot's own descriptor sets it without the type lookup ``object.__setattr__`` makes
+    (0.5 µs per result instead of 0.85), and bypasses the frozen class's ``__setattr__``
+    as the constructor itself does.
     """
     try:
         fields = dataclasses.fields(TaskResult)
     except TypeError:  # no longer a dataclass
         return None
-    if frozenset(f.name for f in fields if f.init) != _CONSTRUCTOR_FIELDS:
+    if frozenset(f.name for f in fields if f.init) != frozenset(_CONSTRUCTOR_FIELDS):
         return None
+    descriptors: dict[str, types.MemberDescriptorType] = {}
+    for f in fields:
+        descriptor = vars(TaskResult).get(f.name)
+        if not isinstance(descriptor, types.MemberDescriptorType):
+            return None  # not slotted: the fields live elsewhere
+        descriptors[f.name] = descriptor
     others = [f for f in fields if not f.init]
     if any(f.default is dataclasses.MISSING for f in others):
         return None  # a default_factory (or none): only the constructor knows it
-    return tuple((f.name, f.default) for f in others)
+    return (
+        tuple(descriptors[name].__set__ for name in _CONSTRUCTOR_FIELDS),
+        tuple((descriptors[f.name].__set__, f.default) for f in others),
+    )
 
 
-_OTHERS: Final = _other_fields()
+_PLAN: Final = _setters()
 #: Whether :func:`build_result` skips the constructor (see the module docstring).
-SHORTCUT: Final = _OTHERS is not None
+SHORTCUT: bool = _PLAN is not None
+
+
+def _unused(instance: Any, value: Any) -> None:  # pragma: no cover - never called
+    raise AssertionError("build_result's shortcut is off")
+
+
+(
+    _task,
+    _id,
+    _status,
+    _enqueued_at,
+    _started_at,
+    _finished_at,
+    _last_attempted_at,
+    _args,
+    _kwargs,
+    _backend,
+    _errors,
+    _worker_ids,
+) = _PLAN[0] if _PLAN is not None else (_unused,) * len(_CONSTRUCTOR_FIELDS)
+_OTHERS: Final = _PLAN[1] if _PLAN is not None else ()
 _new = object.__new__
-_set = object.__setattr__
 
 
 def build_result(
@@ -89,7 +124,7 @@ def build_result(
     ``args`` and ``kwargs`` must be JSON values owned by the result (freshly decoded,
     or copied with :func:`unshared`): they are stored as they are.
     """
-    if _OTHERS is None:
+    if not SHORTCUT:
         return TaskResult(
             task=task,
             id=job_id,
@@ -105,20 +140,20 @@ def build_result(
             worker_ids=worker_ids,
         )
     result = _new(TaskResult)
-    _set(result, "task", task)
-    _set(result, "id", job_id)
-    _set(result, "status", status)
-    _set(result, "enqueued_at", enqueued_at)
-    _set(result, "started_at", started_at)
-    _set(result, "finished_at", finished_at)
-    _set(result, "last_attempted_at", last_attempted_at)
-    _set(result, "args", args)
-    _set(result, "kwargs", kwargs)
-    _set(result, "backend", backend)
-    _set(result, "errors", errors)
-    _set(result, "worker_ids", worker_ids)
-    for name, default in _OTHERS:
-        _set(result, name, default)
+    _task(result, task)
+    _id(result, job_id)
+    _status(result, status)
+    _enqueued_at(result, enqueued_at)
+    _started_at(result, started_at)
+    _finished_at(result, finished_at)
+    _last_attempted_at(result, last_attempted_at)
+    _args(result, args)
+    _kwargs(result, kwargs)
+    _backend(result, backend)
+    _errors(result, errors)
+    _worker_ids(result, worker_ids)
+    for setter, default in _OTHERS:
+        setter(result, default)
     return result
 
 

@@ -197,23 +197,19 @@ class Enqueued:
             return None
         return self._pending[1], self._pending[2]
 
-    def snapshot_status(self) -> JobStatus:
-        """Return the job's status (without building the snapshot of a new job)."""
-        if self._pending is not None:
-            return JobStatus(self._pending[3].get("status", JobStatus.PENDING))
-        assert self._snapshot is not None
-        return JobStatus(self._snapshot.status)
+    def inserted_pending(self) -> tuple[int, datetime, str, str] | None:
+        """Return ``(id, created_at, args JSON, kwargs JSON)`` of a job this call inserted
+        ready to run (pending), else None.
 
-    @property
-    def inserted_payload(self) -> tuple[str, str] | None:
-        """Return the stored ``(args, kwargs)`` JSON of a job this call inserted, else None.
-
-        What a caller needs to describe a new job without building its whole snapshot.
+        What a bulk enqueue's caller needs to describe each new job, in one call.
         """
-        if self._pending is None:
+        pending = self._pending
+        if pending is None or not self.created:
             return None
-        params = self._pending[3]
-        return params["args"], params["kwargs"]
+        params = pending[3]
+        if params.get("status", JobStatus.PENDING) != JobStatus.PENDING:
+            return None
+        return pending[0], pending[1], params["args"], params["kwargs"]
 
     @property
     def snapshot(self) -> JobSnapshot:

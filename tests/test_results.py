@@ -65,7 +65,7 @@ def test_the_shortcut_is_taken_on_this_django_series():
     worker_ids=st.lists(st.text(), max_size=3),
 )
 def test_a_built_result_is_the_one_the_constructor_builds(
-    args, kwargs, status, enqueued_at, started_at, worker_ids
+    *, args, kwargs, status, enqueued_at, started_at, worker_ids
 ):
     common = {
         "task": tasks.add,
@@ -104,7 +104,7 @@ def test_unshared_copies_what_normalize_json_would_and_shares_no_container(value
 
 
 def test_without_the_shortcut_the_constructor_builds_every_result(monkeypatch):
-    monkeypatch.setattr(results, "_OTHERS", None)
+    monkeypatch.setattr(results, "SHORTCUT", False)
     built = results.build_result(
         task=tasks.add,
         job_id="1",
@@ -131,9 +131,7 @@ def test_the_results_of_a_bulk_enqueue_equal_the_stored_jobs_results():
     backend = task_backends["default"]
     # get_result builds each through the constructor, from the stored row.
     assert returned == [backend.get_result(result.id) for result in returned]
-    assert [_fields(r) for r in returned] == [
-        _fields(backend.get_result(r.id)) for r in returned
-    ]
+    assert [_fields(r) for r in returned] == [_fields(backend.get_result(r.id)) for r in returned]
     # No two results share an argument list (each was decoded on its own).
     assert len({id(result.args) for result in returned}) == len(returned)
 
