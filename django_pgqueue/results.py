@@ -13,8 +13,9 @@ caller still holds the arguments (a worker passes them to the task), it copies t
 the walk would, so the result never shares a list or dict with the handler.
 
 The shortcut is taken only while ``TaskResult`` has exactly the fields it was written
-for, each non-constructor field with a plain default; otherwise (a Django or backport
-release that changes the class) every result goes through the constructor.
+for, each a slot, and each non-constructor field with a plain default; otherwise (a
+Django or backport release that changes the class) every result goes through the
+constructor.
 """
 
 from __future__ import annotations

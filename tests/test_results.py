@@ -122,6 +122,57 @@ def test_without_the_shortcut_the_constructor_builds_every_result(monkeypatch):
     assert built.args == [[1, 2]]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Unslotted:
+    task: Any
+    id: str
+    status: Any
+    enqueued_at: Any
+    started_at: Any
+    finished_at: Any
+    last_attempted_at: Any
+    args: list[Any]
+    kwargs: dict[str, Any]
+    backend: str
+    errors: list[Any]
+    worker_ids: list[str]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _OtherFields:
+    task: Any
+    id: str
+    status: Any
+    args: list[Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class _FactoryDefault:
+    task: Any
+    id: str
+    status: Any
+    enqueued_at: Any
+    started_at: Any
+    finished_at: Any
+    last_attempted_at: Any
+    args: list[Any]
+    kwargs: dict[str, Any]
+    backend: str
+    errors: list[Any]
+    worker_ids: list[str]
+    notes: list[str] = dataclasses.field(init=False, default_factory=list)
+
+
+@pytest.mark.parametrize(
+    "changed", [_Unslotted, _OtherFields, _FactoryDefault, dict], ids=lambda c: c.__name__
+)
+def test_a_changed_task_result_class_turns_the_shortcut_off(monkeypatch, changed):
+    # A release whose TaskResult is not slotted, has other fields, gives a field a
+    # default only its constructor knows, or is no dataclass: no setters, constructor.
+    monkeypatch.setattr(results, "TaskResult", changed)
+    assert results._setters() is None
+
+
 @pytest.mark.django_db
 def test_the_results_of_a_bulk_enqueue_equal_the_stored_jobs_results():
     calls = [((index, {"n": [index, None]}), {"label": f"x{index}"}) for index in range(40)]
