@@ -255,8 +255,8 @@ class QueueStore:
                 outcomes.append(Enqueued(by_key[key], False, alias))
                 continue
             row = rows[position] if position < len(rows) else None
-            # RETURNING follows the insert order (ORDER BY position); a row skipped by
-            # ON CONFLICT is simply absent, so the next returned row has another key.
+            # The returned arrays follow the insert order (ORDER BY position); a row
+            # skipped by ON CONFLICT is simply absent, so the next one has another key.
             if row is not None and row[3] == key:
                 position += 1
                 outcome = Enqueued(None, True, alias, pending=(row[0], row[1], row[2], params))
@@ -1187,8 +1187,7 @@ def _inserted_rows(result: Result) -> list[tuple[int, datetime, datetime, str | 
         available_at = [created_at] * count
     if keys is None:
         keys = [None] * count
-    if not len(available_at) == len(keys) == count:
-        raise AssertionError("enqueue_many: the returned arrays differ in length")
+    # strict: arrays of different lengths raise rather than pair the wrong jobs.
     return list(zip(ids, [created_at] * count, available_at, keys, strict=True))
 
 

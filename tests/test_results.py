@@ -122,45 +122,24 @@ def test_without_the_shortcut_the_constructor_builds_every_result(monkeypatch):
     assert built.args == [[1, 2]]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Unslotted:
-    task: Any
-    id: str
-    status: Any
-    enqueued_at: Any
-    started_at: Any
-    finished_at: Any
-    last_attempted_at: Any
-    args: list[Any]
-    kwargs: dict[str, Any]
-    backend: str
-    errors: list[Any]
-    worker_ids: list[str]
+def _task_result_like(name: str, *, slots: bool = True, extra=(), fields=None) -> type:
+    """A frozen dataclass with TaskResult's constructor fields (or ``fields``), plus ``extra``."""
+    names = results._CONSTRUCTOR_FIELDS if fields is None else fields
+    return dataclasses.make_dataclass(
+        name,
+        [(field, Any) for field in names] + list(extra),
+        frozen=True,
+        slots=slots,
+        kw_only=True,
+    )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _OtherFields:
-    task: Any
-    id: str
-    status: Any
-    args: list[Any]
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class _FactoryDefault:
-    task: Any
-    id: str
-    status: Any
-    enqueued_at: Any
-    started_at: Any
-    finished_at: Any
-    last_attempted_at: Any
-    args: list[Any]
-    kwargs: dict[str, Any]
-    backend: str
-    errors: list[Any]
-    worker_ids: list[str]
-    notes: list[str] = dataclasses.field(init=False, default_factory=list)
+_Unslotted = _task_result_like("_Unslotted", slots=False)
+_OtherFields = _task_result_like("_OtherFields", fields=("task", "id", "status", "args"))
+_FactoryDefault = _task_result_like(
+    "_FactoryDefault",
+    extra=[("notes", list, dataclasses.field(init=False, default_factory=list))],
+)
 
 
 @pytest.mark.parametrize(
