@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 
 import pytest
@@ -173,6 +174,39 @@ def test_enqueue_many_returns_each_jobs_id_and_times_as_stored(db, keyed):
     assert len(set(created)) == 1  # one statement, one transaction time
     all_now = Job.objects.store().enqueue_many([JobSpec("tests.tasks.noop") for _ in range(3)])
     assert all(o.snapshot.available_at == o.snapshot.created_at for o in all_now)
+
+
+def test_concurrent_bulk_enqueues_pair_each_job_with_its_own_id(transactional_db):
+    # Two sessions inserting at once interleave their sequence values: each statement's
+    # ids must still come back in its own input order, or results name the wrong jobs.
+    barrier = threading.Barrier(3)
+    outcomes: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def insert(producer: int) -> None:
+        try:
+            specs = [JobSpec("tests.tasks.add", args=[producer, index]) for index in range(2000)]
+            barrier.wait(10)
+            for _ in range(3):
+                outcomes.setdefault(producer, []).extend(Job.objects.store().enqueue_many(specs))
+        except BaseException as error:  # reported below, not lost in the thread
+            errors.append(error)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=insert, args=(producer,)) for producer in (1, 2)]
+    for thread in threads:
+        thread.start()
+    barrier.wait(10)
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    stored = dict(Job.objects.values_list("id", "args"))
+    assert len(stored) == 12000
+    for producer, made in outcomes.items():
+        assert [stored[outcome.id] for outcome in made] == [
+            [producer, index] for index in range(2000)
+        ] * 3
 
 
 def test_enqueue_many_of_nothing_runs_no_query(db):
