@@ -21,9 +21,14 @@ from django.core.signals import setting_changed
 from django.utils import timezone
 
 from .coalescing import check_coalescing
-from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskResult, task_backends
 from .conf import conf
-from .exceptions import InvalidArguments, InvalidOption, PayloadTooLarge
+from .exceptions import (
+    DependencyInOtherDatabase,
+    InvalidArguments,
+    InvalidOption,
+    PayloadTooLarge,
+)
 from .flow import resolve_limits
 from .limits import (
     JOB_ID_MAX,
@@ -365,6 +370,42 @@ def blocker_ids(after: Any) -> list[int]:
         if value not in ids:
             ids.append(value)
     return ids
+
+
+def check_blocker_databases(after: Iterable[Any], alias: str) -> None:
+    """Raise :class:`DependencyInOtherDatabase` if ``after`` names a job of another database.
+
+    A task result names its backend, whose database holds the job; a job instance or an
+    enqueue outcome names its database. Bare ids are taken as ids of ``alias``.
+    """
+    for item in after:
+        where = _database_of(item)
+        if where is not None and where != alias:
+            raise DependencyInOtherDatabase(_blocker_id(item), where, alias)
+
+
+def _database_of(item: Any) -> str | None:
+    if isinstance(item, TaskResult):
+        backend = task_backends[item.backend]
+        stored_in = getattr(backend, "database", None)
+        if not isinstance(stored_in, str):
+            raise InvalidOption(
+                "after",
+                f"the result of task {item.id!r} comes from backend {item.backend!r}, "
+                "which does not keep its jobs in a django-pgqueue database",
+            )
+        return stored_in
+    state = getattr(item, "_state", None)
+    if state is not None and isinstance(getattr(state, "db", None), str):
+        database: str = state.db
+        return database
+    alias = getattr(item, "alias", None)
+    return alias if isinstance(alias, str) else None
+
+
+def _blocker_id(item: Any) -> int:
+    value = getattr(item, "id", item)
+    return int(value)
 
 
 def dependent_status(

@@ -13,6 +13,7 @@ from .compat import InvalidTask, TaskResultDoesNotExist
 __all__ = [
     "AppNotInstalled",
     "ConfigurationError",
+    "DependencyInOtherDatabase",
     "EnqueueError",
     "InvalidArguments",
     "InvalidIndexStatement",
@@ -195,6 +196,24 @@ class UnknownDependency(EnqueueError):
         super().__init__(
             f"after= names job(s) that do not exist: {', '.join(map(str, job_ids))} "
             "(a job can only run after jobs that exist, which makes cycles impossible)"
+        )
+
+
+class DependencyInOtherDatabase(EnqueueError):
+    """``after=`` names a job of another database than the one the new job goes to.
+
+    Job ids are per database: the id would name another job here, or none. Nothing
+    was written.
+    """
+
+    def __init__(self, job_id: int, blocker_alias: str, alias: str) -> None:
+        self.job_id = job_id
+        self.blocker_alias = blocker_alias
+        self.alias = alias
+        super().__init__(
+            f"after= names job {job_id} of database {blocker_alias!r}, but this job is "
+            f"enqueued in database {alias!r}: a job can only run after jobs of its own "
+            "database (enqueue it with a backend on the same database)"
         )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -28,6 +28,7 @@ from .coalescing import check_coalescing
 from .conf import conf
 from .enqueueing import (
     EnqueueDefaults,
+    check_blocker_databases,
     dependent_status,
     jobs_document,
     validated,
@@ -36,7 +37,7 @@ from .enqueueing import (
 )
 from .exceptions import InvalidOption, LeaseLost, UnknownDependency
 from .limits import JOB_ID_MAX, JOB_ID_MIN
-from .notices import lease_channel
+from .notices import flow_channel, lease_channel
 from .payload import check_text
 from .retry import RetryPolicy
 from .runners import DjangoRunner, PsycopgRunner, Result, Runner, load_json
@@ -109,8 +110,11 @@ OPERATOR_CHUNK = 1000
 #: How long (seconds) a cancel keeps trying a job whose row is locked before it reports
 #: the job busy: longer than any bookkeeping statement, shorter than an admin's patience.
 CANCEL_PATIENCE = 1.0
-# Partition signals one fold takes (the claim folds before it claims).
+# Urgent signals one fold takes, and partitions and keys one wake-up wakes (the claim
+# folds and wakes before it claims).
 FOLD_BATCH = 1000
+# Lazy signals one fold_lazy_signals takes (housekeeping, off the claim path).
+LAZY_FOLD_BATCH = 2000
 
 
 # ---------------------------------------------------------------------- the store
@@ -153,6 +157,8 @@ class QueueStore:
         params = validated(spec, EnqueueDefaults.read())
         channel = conf.NOTIFY_CHANNEL
         after = params.pop("after")
+        if after:
+            check_blocker_databases(spec.after, self.runner.alias)
         on_failure = params.pop("on_blocker_failure")
         if spec.coalesce_key is not None:
             return self._enqueue_coalesced(spec, params)
@@ -169,9 +175,13 @@ class QueueStore:
                 del unkeyed["available_at"]
                 row = self._run("enqueue", channel=channel, **unkeyed).rows[0]
             else:
-                row = self._run("enqueue_at", channel=channel, **unkeyed).rows[0]
+                row = self._run(
+                    "enqueue_at", channel=channel, flow_channel=flow_channel(), **unkeyed
+                ).rows[0]
             return Enqueued(None, True, self.runner.alias, pending=(row[0], row[1], row[2], params))
-        found = self._run("enqueue_idempotent", channel=channel, **params).dicts()
+        found = self._run(
+            "enqueue_idempotent", channel=channel, flow_channel=flow_channel(), **params
+        ).dicts()
         if found:
             return Enqueued(
                 JobSnapshot.from_row(found[0]), bool(found[0]["created"]), self.runner.alias
@@ -190,6 +200,7 @@ class QueueStore:
         found = self._run(
             "enqueue_coalesced",
             channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
             coalesce_key=key,
             debounce_seconds=seconds,
             **unkeyed,
@@ -220,6 +231,9 @@ class QueueStore:
         defaults = EnqueueDefaults.read()
         prepared = validated_many(specs, defaults)
         dependencies = [(p.pop("after"), p.pop("on_blocker_failure")) for p in prepared]
+        for spec, (after, _) in zip(specs, dependencies, strict=True):
+            if after:  # every spec checked before the first is written
+                check_blocker_databases(spec.after, self.runner.alias)
         if any(spec.coalesce_key is not None for spec in specs):
             plain = [index for index, spec in enumerate(specs) if spec.coalesce_key is None]
             results: dict[int, Enqueued] = dict(
@@ -243,7 +257,12 @@ class QueueStore:
         if all(params["idempotency_key"] is None for params in prepared):
             return self._insert_unkeyed(prepared)
         rows = _inserted_rows(
-            self._run("enqueue_many", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared))
+            self._run(
+                "enqueue_many",
+                channel=conf.NOTIFY_CHANNEL,
+                flow_channel=flow_channel(),
+                jobs=jobs_document(prepared),
+            )
         )
         alias = self.runner.alias
         outcomes: list[Enqueued | None] = []
@@ -308,7 +327,10 @@ class QueueStore:
         """Insert checked jobs without idempotency keys or dependencies, in one statement."""
         rows = _inserted_rows(
             self._run(
-                "enqueue_many_unkeyed", channel=conf.NOTIFY_CHANNEL, jobs=jobs_document(prepared)
+                "enqueue_many_unkeyed",
+                channel=conf.NOTIFY_CHANNEL,
+                flow_channel=flow_channel(),
+                jobs=jobs_document(prepared),
             )
         )
         if len(rows) != len(prepared):  # nothing can skip a row of this statement
@@ -337,6 +359,7 @@ class QueueStore:
         row = self._run(
             "enqueue_after",
             channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
             status=status,
             last_error=last_error,
             cancelled_by=cancelled_by,
@@ -391,19 +414,23 @@ class QueueStore:
         total_limit: int | None = None,
         plain: bool = False,
     ) -> ClaimRound:
-        """Claim like :meth:`claim`; say how many partitions were refreshed on the way.
+        """Claim like :meth:`claim`; say what else the round found on the way.
 
-        Producers' partition signals are folded in first, by a statement of its own sent
-        in the same round trip (pipeline mode on a worker's connection), so a partition
-        whose next job just became ready competes in this very claim, in claim order.
-        The fold waits only on other refreshes of the same partitions; the claim itself
-        never waits on a partition row. If more signals were waiting than one fold takes,
-        the claim says so: they are folded and the free capacity is claimed again.
+        A full round (``plain`` false) first folds producers' urgent signals in and
+        wakes the partitions and keys whose wait is over, with statements of their own
+        sent in the same round trip (pipeline mode on a worker's connection), so a
+        partition whose next job just became ready competes in this very claim, in claim
+        order; if more urgent signals were waiting than one fold takes, they are folded
+        and the free capacity is claimed again. The fold waits only on other refreshes of
+        the same rows; the wake-ups and the claim never wait. ``ClaimRound.flow_open``
+        says whether the next round should be a full one again.
 
-        ``plain`` (when the last round said ``keys_open`` was false) claims with the
-        statement that leaves concurrency keys out. If it finds a key that could start
-        a job after all, the free capacity is claimed again at once with the full one,
-        so a limited job waits at most one extra statement, never a round.
+        A plain round sends ``claim_batch_plain`` alone: the claim without partitions
+        and concurrency keys, which reads no flow-control state at all. What a worker
+        sends while nothing says a partition or key of its queues can start: producers,
+        operators and completions that make one startable say so on the flow channel
+        (:func:`~django_pgqueue.notices.flow_channel`), and a worker also sends a full
+        round at least once per poll interval.
         """
         limits = [per_queue] * len(queues) if isinstance(per_queue, int) else list(per_queue)
         if len(limits) != len(queues):
@@ -412,29 +439,28 @@ class QueueStore:
             list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
         )
         total = sum(limits) if total_limit is None else total_limit
-        claimed, signalled, folded, keys_open = self._claim_batch(
+        claimed, signalled, folded, flow_open = self._claim_batch(
             worker_id,
             queues,
             limits,
             masks=masks,
             total=total,
             lease_seconds=lease_seconds,
-            fold_first=True,
+            fold_first=not plain,
             plain=plain,
         )
-        again = plain and keys_open
-        if signalled:
-            folded_now = self.fold_partition_signals()
-            folded += folded_now
-            again = again or folded_now > 0
+        if not signalled:
+            return ClaimRound(claimed, folded, flow_open)
+        folded_now = self.fold_signals()
+        folded += folded_now
         got = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
         remaining = [
             max(0, limit - got[queue]) for queue, limit in zip(queues, limits, strict=True)
         ]
-        if again and total > len(claimed) and any(remaining):
-            more, _, _, keys_open = self._claim_batch(
+        if folded_now > 0 and total > len(claimed) and any(remaining):
+            more, signalled, _, flow_open = self._claim_batch(
                 worker_id,
                 queues,
                 remaining,
@@ -443,10 +469,10 @@ class QueueStore:
                 lease_seconds=lease_seconds,
             )
             claimed.extend(more)
-        elif signalled:
-            # A fold may have opened a key this round's claim could not see.
-            keys_open = True
-        return ClaimRound(claimed, folded, keys_open)
+        else:
+            # The fold may have opened what this round's claim could not see.
+            flow_open = True
+        return ClaimRound(claimed, folded, flow_open, more_signals=signalled)
 
     def _claim_batch(
         self,
@@ -473,19 +499,20 @@ class QueueStore:
         )
         folded = 0
         if fold_first:
-            fold = (QUERIES["fold_partition_signals"], {"batch_size": FOLD_BATCH})
-            fold_result, result = self.runner.run_many([fold, claim])
-            folded = int(fold_result.rows[0][0] or 0)
+            fold = (QUERIES["fold_signals"], {"batch_size": FOLD_BATCH})
+            wake = (QUERIES["wake_due"], {"batch_size": FOLD_BATCH})
+            fold_result, wake_result, result = self.runner.run_many([fold, wake, claim])
+            folded = int(fold_result.rows[0][0] or 0) + int(wake_result.rows[0][0] or 0)
         else:
             result = self.runner.run(*claim)
         claimed = []
         loads = _loads_json
         signalled = False
-        keys_open = True
+        flow_open = False
         for row in result.rows:
-            if row[0] is None:  # the last row: signals to fold? keys that could start?
+            if row[0] is None:  # the last row: signals to fold? flow that could start?
                 signalled = bool(row[-2])
-                keys_open = bool(row[-1])
+                flow_open = bool(row[-1])
                 continue
             claimed.append(
                 ClaimedJob(
@@ -512,16 +539,38 @@ class QueueStore:
                     concurrency_key=row[19],
                 )
             )
-        return claimed, signalled, folded, keys_open
+        return claimed, signalled, folded, flow_open
+
+    def fold_signals(self, *, batch_size: int = FOLD_BATCH) -> int:
+        """Fold urgent signals and wake due partitions and keys; return how many changed.
+
+        Two statements (autocommit on a worker's connection): the fold locks partition
+        and key rows in key order and waits only on other refreshes of the same rows;
+        the wake-ups never wait.
+        """
+        fold, wake = self.runner.run_many(
+            [
+                (QUERIES["fold_signals"], {"batch_size": batch_size}),
+                (QUERIES["wake_due"], {"batch_size": batch_size}),
+            ]
+        )
+        return int(fold.rows[0][0] or 0) + int(wake.rows[0][0] or 0)
 
     def fold_partition_signals(self, *, batch_size: int = FOLD_BATCH) -> int:
-        """Refresh the partitions producers signalled; return how many were refreshed.
+        """Deprecated name of :meth:`fold_signals`."""
+        return self.fold_signals(batch_size=batch_size)
 
-        Its own statement (autocommit on a worker's connection): it locks partition rows
-        in key order and waits only on other refreshes of the same partitions.
+    def fold_lazy_signals(self, *, batch_size: int = LAZY_FOLD_BATCH) -> tuple[int, int]:
+        """Fold signals producers left lazily; return (signals taken, rows refreshed).
+
+        Each worker's housekeeping thread sends it a few times a second. Under each row's
+        lock, only a partition or key whose row no longer covers its new job is
+        refreshed; a key this makes startable wakes its queue's workers.
         """
-        rows = self._run("fold_partition_signals", batch_size=batch_size).rows
-        return int(rows[0][0] or 0)
+        row = self._run(
+            "fold_lazy_signals", batch_size=batch_size, flow_channel=flow_channel()
+        ).rows[0]
+        return int(row[0] or 0), int(row[1] or 0)
 
     def complete_if_leased(self, lease: Lease, result_json: str) -> datetime:
         """Mark the job succeeded with ``result_json``; return its finish time.
@@ -534,7 +583,7 @@ class QueueStore:
         and the completion commit or roll back together.
         """
         finished_at: datetime = self._run_fenced(
-            "complete_if_leased", lease, result=result_json, channel=conf.NOTIFY_CHANNEL
+            "complete_if_leased", lease, result=result_json, flow_channel=flow_channel()
         )[1]
         return finished_at
 
@@ -546,10 +595,22 @@ class QueueStore:
         A job that already succeeded under the same lease (this write was sent before,
         and its acknowledgement was lost with the connection) is returned too, and left
         as that first write stored it: sending the same completions again is safe.
-        Each result must already be JSON text (see :func:`payload.encode_result`).
+        A job whose cancel was requested while it ran ends cancelled instead (see
+        :meth:`complete_many_outcomes`). Each result must already be JSON text (see
+        :func:`payload.encode_result`).
+        """
+        return set(self.complete_many_outcomes(worker_id, completions))
+
+    def complete_many_outcomes(
+        self, worker_id: str, completions: Sequence[tuple[Lease, str]]
+    ) -> dict[int, JobStatus]:
+        """Complete like :meth:`complete_many_if_leased`; return each held job's new status.
+
+        ``SUCCEEDED``, or ``CANCELLED`` for a job whose cancel was requested while its
+        handler ran (its result is dropped). Jobs whose lease was lost are missing.
         """
         if not completions:
-            return set()
+            return {}
         # One JSON document for the whole batch: the results are JSON already, so the
         # document is built by joining strings, and the server parses it in C.
         document = (
@@ -564,15 +625,15 @@ class QueueStore:
             "complete_many_if_leased",
             worker_id=worker_id,
             completions=document,
-            channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
         ).rows
-        done = {row[0] for row in rows}
+        done = {row[0]: JobStatus(row[1]) for row in rows}
         if len(done) < len(completions):
             # Lost leases, or a batch sent before whose answer was lost with the
-            # connection: its jobs succeeded under these very leases, and are done.
+            # connection: its jobs finished under these very leases, and are done.
             missing = [lease for lease, _ in completions if lease.job_id not in done]
             done.update(
-                row[0]
+                (row[0], JobStatus(row[1]))
                 for row in self._run(
                     "succeeded_under_leases", worker_id=worker_id, leases=_leases_document(missing)
                 ).rows
@@ -591,7 +652,7 @@ class QueueStore:
         job_id, status, available_at, attempts, max_attempts, _, _ = self._run_fenced(
             "fail_if_leased",
             lease,
-            channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
             permanent=failure.permanent,
             error_class=failure.exception_class,
             message=failure.message,
@@ -629,6 +690,7 @@ class QueueStore:
         return LeaseExtension(
             held=frozenset((row[0], row[1]) for row in rows if row[2]),
             busy=frozenset((row[0], row[1]) for row in rows if not row[2]),
+            cancelling=frozenset((row[0], row[1]) for row in rows if row[3]),
         )
 
     def release_if_leased(
@@ -655,6 +717,7 @@ class QueueStore:
             reason_class=reason_class,
             unknown_since=unknown_since,
             channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
         )[1]
         return available_at
 
@@ -670,6 +733,7 @@ class QueueStore:
             leases=_leases_document(leases),
             reason=reason,
             channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
         ).rows
         return {row[0] for row in rows}
 
@@ -708,6 +772,10 @@ class QueueStore:
             **policy.sql_params(),
         ).rows
         return [ReapedJob(job_id, JobStatus(status), queue) for job_id, status, queue in rows]
+
+    def expired_job_ids(self, *, limit: int) -> list[int]:
+        """Return up to ``limit`` ids of jobs whose lease expired, longest expired first."""
+        return [row[0] for row in self._run("expired_job_ids", limit=limit).rows]
 
     def prune_finished(self, *, retention_seconds: float, limit: int) -> int:
         """Delete up to ``limit`` succeeded/cancelled jobs older than the retention."""
@@ -842,14 +910,24 @@ class QueueStore:
     def retry(self, job_ids: Iterable[int], *, revive_dependents: bool = False) -> OperatorResult:
         """Revive dead-lettered or cancelled jobs (attempts reset, ready now).
 
+        A job that runs after others (``after=``) that have not all finished comes back
+        ``blocked``, and runs once they have; one whose failed blocker would cancel it
+        again is skipped (retry that blocker with ``revive_dependents`` instead). A job
+        whose row, or a blocker's, stays locked for about a second is listed in ``busy``.
+
         With ``revive_dependents``, the jobs their failure cancelled (and, transitively,
-        the dependents those cancelled) become blocked again, in the same transaction;
-        see :meth:`revive_dependents`.
+        the dependents those cancelled) become blocked again, in the same transaction
+        (one is opened if the connection is not in one already); see
+        :meth:`revive_dependents`.
         """
-        outcome = self._operate("retry_jobs", job_ids, channel=conf.NOTIFY_CHANNEL)
-        if revive_dependents and outcome.done:
-            self.revive_dependents(outcome.done)
-        return outcome
+        ids = _unique_ids(job_ids)
+        with self.runner.atomic():
+            result = self._operate_patiently(
+                "retry_jobs", ids, channel=conf.NOTIFY_CHANNEL, flow_channel=flow_channel()
+            )
+            if revive_dependents and result.done:
+                self.revive_dependents(result.done)
+        return result
 
     def revive_dependents(self, job_ids: Iterable[int]) -> list[int]:
         """Make the dependents the failure of ``job_ids`` cancelled blocked again.
@@ -880,19 +958,53 @@ class QueueStore:
 
     def run_now(self, job_ids: Iterable[int]) -> OperatorResult:
         """Make scheduled or backing-off pending jobs ready now."""
-        return self._operate("run_jobs_now", job_ids, channel=conf.NOTIFY_CHANNEL)
+        return self._operate(
+            "run_jobs_now", job_ids, channel=conf.NOTIFY_CHANNEL, flow_channel=flow_channel()
+        )
 
     def cancel(self, job_ids: Iterable[int], *, reason: str | None = None) -> OperatorResult:
-        """Cancel pending and running jobs; finished ones are skipped.
+        """Cancel pending, blocked and running jobs; finished ones are skipped.
 
-        A running job ends ``cancelled`` at once; its worker is told and every later
-        write of that attempt is refused. Never waits on a row lock for long: a job whose
+        A pending or blocked job ends ``cancelled`` at once. A running one is asked to
+        stop: its worker is told at once (``context.cancelled`` turns true), and the job
+        keeps its lease, partition turn and concurrency slot until its handler returns;
+        it then ends ``cancelled``, its result dropped. Such jobs are listed in
+        ``running`` as well as ``done``. Never waits on a row lock for long: a job whose
         row stays locked for about a second (held by an atomic task's open transaction)
         is skipped and listed in ``busy``.
         """
         if reason is not None:
             check_text("reason", reason)
         ids = _unique_ids(job_ids)
+        running: list[int] = []
+
+        def note_running(row: tuple[Any, ...]) -> None:
+            if row[2]:
+                running.append(row[0])
+
+        result = self._operate_patiently(
+            "cancel_jobs",
+            ids,
+            on_row=note_running,
+            reason=reason,
+            flow_channel=flow_channel(),
+            lease_channel=lease_channel(),
+        )
+        return replace(result, running=tuple(sorted(running)))
+
+    def _operate_patiently(
+        self,
+        name: str,
+        ids: list[int],
+        *,
+        on_row: Callable[[tuple[Any, ...]], None] | None = None,
+        **params: Any,
+    ) -> OperatorResult:
+        """Run an operator statement whose rows say (id, applied, ...), retrying busy ids.
+
+        A row locked for an instant (a claim, a completion, a lease extension) is free
+        again within milliseconds; only a long transaction outlasts the patience.
+        """
         done: list[int] = []
         waiting = ids
         deadline = time.monotonic() + CANCEL_PATIENCE
@@ -901,16 +1013,15 @@ class QueueStore:
             busy: list[int] = []
             for start in range(0, len(waiting), OPERATOR_CHUNK):
                 rows = self._run(
-                    "cancel_jobs",
-                    job_ids=waiting[start : start + OPERATOR_CHUNK],
-                    reason=reason,
-                    channel=conf.NOTIFY_CHANNEL,
-                    lease_channel=lease_channel(),
+                    name, job_ids=waiting[start : start + OPERATOR_CHUNK], **params
                 ).rows
-                done.extend(row[0] for row in rows if row[1])
-                busy.extend(row[0] for row in rows if not row[1])
-            # A row locked for an instant (a claim, a completion, a lease extension) is
-            # free again within milliseconds; only a long transaction outlasts this.
+                for row in rows:
+                    if row[1]:
+                        done.append(row[0])
+                        if on_row is not None:
+                            on_row(row)
+                    else:
+                        busy.append(row[0])
             if not busy or time.monotonic() + pause > deadline:
                 break
             time.sleep(pause)
@@ -1117,6 +1228,7 @@ class QueueStore:
             last_fire_at=last_fire_at,
             keys=list(keys),
             channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
         ).rows[0]
         return FireResult(advanced=bool(row[0]), inserted=int(row[1]))
 
@@ -1151,6 +1263,7 @@ class QueueStore:
             names=names,
             keys=[keys[name] for name in names],
             channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
         ).rows
         by_key = {row[1]: row[0] for row in rows}
         return {name: by_key[key] for name, key in keys.items() if key in by_key}

@@ -166,6 +166,15 @@ class Job(models.Model):
         "each attempt's span links to it.",
     )
 
+    cancel_requested_at = models.DateTimeField(
+        _("cancel requested at"),
+        null=True,
+        blank=True,
+        db_comment="An operator cancelled the job while it ran: it stays processing "
+        "(lease, slot and partition turn held) until its handler returns or its "
+        "lease expires, and then ends cancelled.",
+    )
+
     has_dependents = models.BooleanField(
         _("has dependents"),
         db_default=False,
@@ -207,11 +216,13 @@ class Job(models.Model):
                 name="pgq_job_conc_processing",
                 condition=_PROCESSING & _LIMITED,
             ),
-            # claim_batch head check: "is there an older pending row in this partition?"
+            # claim_batch head check: "is there an older job not started yet in this
+            # partition?", and django_pgqueue_refresh_partitions' next job. Blocked jobs
+            # too: one waiting for its dependencies keeps its turn (migration 0015).
             models.Index(
                 fields=["partition_key", "id"],
                 name="pgq_job_part_pending",
-                condition=_PENDING & _PARTITIONED,
+                condition=Q(status__in=[JobStatus.BLOCKED, JobStatus.PENDING]) & _PARTITIONED,
             ),
             # claim_batch head check: "is any row of this partition processing?"
             models.Index(
@@ -469,6 +480,17 @@ class Partition(models.Model):
     running_id = models.BigIntegerField(
         _("running job"), null=True, blank=True, db_comment="The processing job; NULL: idle."
     )
+    head_blocked = models.BooleanField(
+        _("next job blocked"),
+        db_default=False,
+        db_comment="The next job waits for its dependencies: the partition waits too.",
+    )
+    wake_at = models.DateTimeField(
+        _("next job can start at"),
+        null=True,
+        blank=True,
+        db_comment="The next job is scheduled: out of the claim index until then.",
+    )
     refreshed_at = models.DateTimeField(_("refreshed at"), db_default=Now())
 
     class Meta:
@@ -477,13 +499,23 @@ class Partition(models.Model):
         verbose_name = _("partition")
         verbose_name_plural = _("partitions")
         indexes = (
-            # claim_batch, partitioned branch: idle partitions with a next job, in claim
-            # order. Running and empty partitions are not in it, so a claim reads only
-            # rows it can take, however deep the backlogs behind them.
+            # claim_batch, partitioned branch: idle partitions whose next job can start
+            # now, in claim order. Running, empty, blocked and scheduled partitions are
+            # not in it, so a claim reads only rows it can take, however many others
+            # there are (migration 0015).
             models.Index(
                 fields=["queue", "-head_priority", "head_available_at", "head_id"],
                 name="pgq_partition_claim",
-                condition=Q(running_id__isnull=True, head_id__isnull=False),
+                condition=Q(
+                    head_blocked=False,
+                    head_id__isnull=False,
+                    running_id__isnull=True,
+                    wake_at__isnull=True,
+                ),
+            ),
+            # fold_signals: partitions whose scheduled next job becomes ready.
+            models.Index(
+                fields=["wake_at"], name="pgq_partition_wake", condition=Q(wake_at__isnull=False)
             ),
             # repair_partitions: partitions marked running, checked against the job table.
             models.Index(
@@ -506,12 +538,28 @@ class PartitionSignal(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     partition_key = models.CharField(_("partition key"), max_length=KEY_MAX_LENGTH)
+    urgent = models.BooleanField(
+        _("urgent"),
+        db_default=True,
+        db_comment="The claim folds it (a job may be able to start); else housekeeping.",
+    )
 
     class Meta:
         db_table = "django_pgqueue_partition_signal"
         db_table_comment = "django-pgqueue: partitions to refresh; folded in by claims."
         verbose_name = _("partition signal")
         verbose_name_plural = _("partition signals")
+        indexes = (
+            # fold_signals and the claim's probe (urgent ones), fold_lazy_signals (the
+            # others), oldest first. Partial: each scan reads only its kind, whatever
+            # the statistics say (a flood of lazy signals is never walked by a claim).
+            models.Index(
+                fields=["id"], name="pgq_partition_signal_urgent", condition=Q(urgent=True)
+            ),
+            models.Index(
+                fields=["id"], name="pgq_partition_signal_lazy", condition=Q(urgent=False)
+            ),
+        )
 
     def __str__(self) -> str:
         return self.partition_key
@@ -563,6 +611,13 @@ class ConcurrencyKey(models.Model):
     )
     head_priority = models.SmallIntegerField(_("next job's priority"), null=True, blank=True)
     head_available_at = models.DateTimeField(_("next job available at"), null=True, blank=True)
+    wake_at = models.DateTimeField(
+        _("next job can start at"),
+        null=True,
+        blank=True,
+        db_comment="The next job is scheduled or the rate bucket is empty: out of "
+        "the claim index until then.",
+    )
     refreshed_at = models.DateTimeField(_("refreshed at"), db_default=Now())
 
     class Meta:
@@ -573,13 +628,24 @@ class ConcurrencyKey(models.Model):
         verbose_name = _("concurrency key")
         verbose_name_plural = _("flow control")
         indexes = (
-            # claim_batch, limited branch: keys under their limit with a next job, in
-            # claim order. A key at its limit is not in it, so ten thousand of them cost
-            # a claim nothing.
+            # claim_batch, limited branch: keys under their limit whose next job can
+            # start now, in claim order. A key at its limit, out of rate tokens or
+            # waiting for a scheduled job is not in it, so a hundred thousand of them
+            # cost a claim nothing (migration 0015).
             models.Index(
                 fields=["queue", "-head_priority", "head_available_at", "head_id"],
                 name="pgq_concurrency_claim",
-                condition=Q(head_id__isnull=False, in_flight__lt=F("max_in_flight")),
+                condition=Q(
+                    head_id__isnull=False,
+                    in_flight__lt=F("max_in_flight"),
+                    wake_at__isnull=True,
+                ),
+            ),
+            # fold_signals: keys whose scheduled next job or next token becomes ready.
+            models.Index(
+                fields=["wake_at"],
+                name="pgq_concurrency_wake",
+                condition=Q(wake_at__isnull=False),
             ),
         )
 
@@ -592,12 +658,28 @@ class ConcurrencySignal(models.Model):
 
     id = models.BigAutoField(primary_key=True)
     concurrency_key = models.CharField(_("concurrency key"), max_length=KEY_MAX_LENGTH)
+    urgent = models.BooleanField(
+        _("urgent"),
+        db_default=True,
+        db_comment="The claim folds it (a job may be able to start); else housekeeping.",
+    )
 
     class Meta:
         db_table = "django_pgqueue_concurrency_signal"
         db_table_comment = "django-pgqueue: concurrency keys to refresh; folded in by claims."
         verbose_name = _("concurrency signal")
         verbose_name_plural = _("concurrency signals")
+        indexes = (
+            # fold_signals and the claim's probe (urgent ones), fold_lazy_signals (the
+            # others), oldest first. Partial: each scan reads only its kind, whatever
+            # the statistics say (a flood of lazy signals is never walked by a claim).
+            models.Index(
+                fields=["id"], name="pgq_concurrency_signal_urgent", condition=Q(urgent=True)
+            ),
+            models.Index(
+                fields=["id"], name="pgq_concurrency_signal_lazy", condition=Q(urgent=False)
+            ),
+        )
 
     def __str__(self) -> str:
         return self.concurrency_key

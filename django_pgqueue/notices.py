@@ -17,16 +17,28 @@ from dataclasses import dataclass
 
 from .conf import conf
 
-__all__ = ["LeaseNotice", "lease_channel", "parse_notice"]
+__all__ = ["LeaseNotice", "flow_channel", "lease_channel", "parse_notice"]
 
 # PostgreSQL refuses channel names of 64 bytes or more; the suffix must survive.
 _SUFFIX = "_leases"
+_FLOW_SUFFIX = "_flow"
 _MAX_CHANNEL = 63
 
 
 def lease_channel() -> str:
     """Return the channel lease notices are sent on (derived from PGQUEUE_NOTIFY_CHANNEL)."""
     return conf.NOTIFY_CHANNEL[: _MAX_CHANNEL - len(_SUFFIX)] + _SUFFIX
+
+
+def flow_channel() -> str:
+    """Return the channel that says a concurrency key can start a job again.
+
+    Its payload names the queue, as on the wake-up channel. A worker told there claims
+    with the statement that reads partitions and keys; a plain wake-up only tells it a
+    plain job arrived (see ``QueueStore.claim_round``). The settling trigger of
+    migration 0015 derives the same name in SQL: keep the two rules alike.
+    """
+    return conf.NOTIFY_CHANNEL[: _MAX_CHANNEL - len(_FLOW_SUFFIX)] + _FLOW_SUFFIX
 
 
 @dataclass(frozen=True, slots=True)

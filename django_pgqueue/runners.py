@@ -8,11 +8,12 @@ worker's own psycopg connection, with server-side binding and prepared statement
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django.db import connections
+from django.db import connections, transaction
 
 from .sql import Query
 
@@ -79,6 +80,13 @@ class Runner(Protocol):
         """Execute several statements in order (in one round trip where possible)."""
         ...
 
+    def atomic(self) -> AbstractContextManager[None]:
+        """Return a context that runs the statements inside it in one transaction.
+
+        Inside a transaction already, a savepoint of it.
+        """
+        ...
+
 
 class DjangoRunner:
     """Runs statements on Django's connection for ``alias``, inside any open transaction."""
@@ -104,6 +112,10 @@ class DjangoRunner:
     def run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
         """Execute ``statements`` one after the other (a round trip each)."""
         return [self.run(query, params) for query, params in statements]
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """Return ``transaction.atomic`` for the connection (a savepoint inside one)."""
+        return transaction.atomic(using=self._alias)
 
 
 class PsycopgRunner:
@@ -140,6 +152,12 @@ class PsycopgRunner:
         finally:
             for cursor in cursors:
                 cursor.close()
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """Run the statements inside in one transaction (a savepoint inside one)."""
+        with self.connection.transaction():
+            yield
 
 
 def _result(cursor: psycopg.Cursor[Any]) -> Result:

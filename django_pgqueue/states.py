@@ -32,8 +32,9 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded", _("Succeeded")
     #: Gave up: attempts exhausted or the error was permanent. Only an explicit retry revives it.
     DEAD_LETTER = "dead_letter", _("Dead letter")
-    #: Withdrawn by an operator, before it ran or while it ran (its worker is told to stop
-    #: and cannot record anything for it any more). Only an explicit retry revives it.
+    #: Withdrawn by an operator, before it ran or while it ran (a running job ends here
+    #: once its handler has returned, or its lease expired: until then it stays
+    #: processing, with its slot and partition turn). Only an explicit retry revives it.
     CANCELLED = "cancelled", _("Cancelled")
 
     @property
@@ -62,14 +63,22 @@ class Transition(models.TextChoices):
     REAP_EXHAUSTED = "reap_exhausted", _("lease expired on the last attempt")
     CANCEL = (
         "cancel",
+        _("cancelled by an operator before it ran, or blocked behind a failed job"),
+    )
+    STOP = (
+        "stop",
         _(
-            "cancelled by an operator (a running job's lease is revoked), or blocked behind a "
-            "failed job"
+            "cancelled by an operator while it ran: ended once its handler returned or its "
+            "lease expired"
         ),
     )
     UNBLOCK = "unblock", _("the jobs it depends on finished (succeeded, or policy 'run')")
     REVIVE = "revive", _("the job whose failure cancelled it was retried")
     RETRY = "retry", _("retried by an operator")
+    RETRY_BLOCKED = (
+        "retry_blocked",
+        _("retried by an operator while jobs it runs after have not finished"),
+    )
     RUN_NOW = "run_now", _("made ready now by an operator")
 
 
@@ -82,17 +91,23 @@ TRANSITIONS: dict[Transition, tuple[frozenset[JobStatus], JobStatus]] = {
     Transition.RELEASE: (frozenset({JobStatus.PROCESSING}), JobStatus.PENDING),
     Transition.REAP: (frozenset({JobStatus.PROCESSING}), JobStatus.PENDING),
     Transition.REAP_EXHAUSTED: (frozenset({JobStatus.PROCESSING}), JobStatus.DEAD_LETTER),
-    # An operator's cancel (a running job's lease is revoked), or a blocked job whose
-    # blocker failed (policy "cancel").
+    # An operator's cancel, or a blocked job whose blocker failed (policy "cancel").
     Transition.CANCEL: (
-        frozenset({JobStatus.PENDING, JobStatus.BLOCKED, JobStatus.PROCESSING}),
+        frozenset({JobStatus.PENDING, JobStatus.BLOCKED}),
         JobStatus.CANCELLED,
     ),
+    # An operator's cancel of a running job takes effect when the attempt ends (the
+    # worker's outcome statement, or the reaper): never while its handler may run.
+    Transition.STOP: (frozenset({JobStatus.PROCESSING}), JobStatus.CANCELLED),
     Transition.UNBLOCK: (frozenset({JobStatus.BLOCKED}), JobStatus.PENDING),
     Transition.REVIVE: (frozenset({JobStatus.CANCELLED}), JobStatus.BLOCKED),
     Transition.RETRY: (
         frozenset({JobStatus.DEAD_LETTER, JobStatus.CANCELLED}),
         JobStatus.PENDING,
+    ),
+    Transition.RETRY_BLOCKED: (
+        frozenset({JobStatus.DEAD_LETTER, JobStatus.CANCELLED}),
+        JobStatus.BLOCKED,
     ),
     Transition.RUN_NOW: (frozenset({JobStatus.PENDING}), JobStatus.PENDING),
 }

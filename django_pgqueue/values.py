@@ -275,10 +275,18 @@ class ClaimRound:
     """What one claim returned: the jobs, and how many partitions it refreshed after."""
 
     jobs: list[ClaimedJob]
+    #: Partitions and keys refreshed from urgent signals or woken in this round.
     folded: int = 0
-    #: A concurrency key of these queues had a job that could start: claim the next
-    #: round with ``plain=False``.
-    keys_open: bool = True
+    #: A partition or concurrency key of these queues may still have a job that could
+    #: start: claim the next round with ``plain=False``.
+    flow_open: bool = True
+    #: More urgent signals were waiting than one fold takes: claim again soon.
+    more_signals: bool = False
+
+    @property
+    def keys_open(self) -> bool:
+        """Return :attr:`flow_open` (its name before partitions shared it)."""
+        return self.flow_open
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +298,8 @@ class LeaseExtension:
     #: Still this worker's, but the row was locked (an atomic task's open transaction):
     #: not extended this time, not lost.
     busy: frozenset[tuple[int, int]]
+    #: Of those held or busy, the ones an operator asked to cancel: stop their handlers.
+    cancelling: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def held_ids(self) -> frozenset[int]:
@@ -343,6 +353,9 @@ class OperatorResult:
     #: Of the skipped, those the action applied to but whose row stayed locked (a
     #: running job held by its atomic task's open transaction, say): try again later.
     busy: tuple[int, ...] = ()
+    #: Of the done, those still running (a cancel): they end cancelled once their
+    #: handler returns, keeping their slot, partition turn and lease until then.
+    running: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

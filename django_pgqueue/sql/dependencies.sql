@@ -40,7 +40,8 @@ WITH inserted AS (
         '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s,
         %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s
     )
-    RETURNING id, created_at, available_at, queue, partition_key, concurrency_key, status
+    RETURNING id, created_at, available_at, queue, partition_key, concurrency_key, status,
+        priority
 ),
 linked AS (
     INSERT INTO django_pgqueue_dependency (
@@ -62,18 +63,47 @@ woken AS (
     FROM inserted
     WHERE inserted.status = 'pending' AND inserted.available_at <= now()
 ),
+fresh AS (
+    -- A pending job only, urgent or lazy as in enqueue.sql. A blocked job needs no
+    -- signal: it is the youngest of its partition, so it can only be the next job once
+    -- the others have gone, and the statements that move them read the job table.
+    SELECT inserted.queue, inserted.available_at <= now() AS ready,
+        inserted.partition_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_partition AS part
+            WHERE part.partition_key = inserted.partition_key
+              AND part.head_id IS NOT NULL
+              AND part.head_id IS DISTINCT FROM part.running_id
+        ) AS partition_urgent,
+        inserted.concurrency_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key = inserted.concurrency_key
+              AND conc.head_id IS NOT NULL
+              AND conc.head_available_at <= now()
+              AND conc.head_priority >= inserted.priority
+        ) AS key_urgent
+    FROM inserted
+    WHERE inserted.status = 'pending'
+      AND (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
+),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT inserted.partition_key FROM inserted
-    WHERE inserted.status = 'pending' AND inserted.partition_key IS NOT NULL
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
+    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
-    SELECT inserted.concurrency_key FROM inserted
-    WHERE inserted.status = 'pending' AND inserted.concurrency_key IS NOT NULL
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
+    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    WHERE fresh.concurrency_key IS NOT NULL
+),
+flow_woken AS (
+    SELECT pg_notify(%(flow_channel)s::text, fresh.queue)
+    FROM fresh
+    WHERE fresh.ready
+      AND ((fresh.partition_key IS NOT NULL AND fresh.partition_urgent)
+        OR (fresh.concurrency_key IS NOT NULL AND fresh.key_urgent))
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at,
-    (SELECT count(*) FROM woken)::text AS notified
+    ((SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken))::text AS notified
 FROM inserted
 
 
@@ -81,8 +111,14 @@ FROM inserted
 -- After an operator retried the given jobs: make the dependents their failure cancelled
 -- blocked again (and, transitively, the dependents those cancelled), so they run once
 -- the retried jobs succeed. A dependent that also waits for another failed job that is
--- not being revived stays cancelled (it could never run). Rows another transaction is
--- touching are skipped, as every operator statement does. pgq_dep_blocker for the walk.
+-- not being revived stays cancelled (it could never run), and so, transitively, do the
+-- dependents it would cancel again ("held_back"). Its other blockers are locked before
+-- their statuses are read (id order, SKIP LOCKED: one locked elsewhere holds the
+-- dependent back too, to be revived again later), so a blocker failing meanwhile cannot
+-- leave it blocked behind a dead letter. Rows another transaction is touching are
+-- skipped, as every operator statement does. A revived partitioned job takes its turn
+-- in its partition again (a signal). pgq_dep_blocker for the walk, pgq_dep_job for the
+-- other blockers.
 WITH RECURSIVE tree (job_id) AS (
     SELECT dep.job_id
     FROM django_pgqueue_dependency AS dep
@@ -94,23 +130,49 @@ WITH RECURSIVE tree (job_id) AS (
     JOIN django_pgqueue_dependency AS dep ON dep.blocker_id = tree.job_id
     WHERE dep.cancelled_job
 ),
-target AS (
+candidates AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
     WHERE job.id = ANY (ARRAY(SELECT tree.job_id FROM tree))
       AND job.status = 'cancelled'
-      AND NOT EXISTS (
-          SELECT 1
-          FROM django_pgqueue_dependency AS other
-          JOIN django_pgqueue_job AS blocker ON blocker.id = other.blocker_id
-          WHERE other.job_id = job.id
-            AND blocker.status IN ('dead_letter', 'cancelled')
-            AND other.on_failure = 'cancel'
-            AND NOT other.blocker_id = ANY (%(job_ids)s::bigint[])
-            AND NOT other.blocker_id IN (SELECT tree.job_id FROM tree)
-      )
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
+),
+other_edges AS (
+    -- What else each candidate runs after: neither retried nor revived here.
+    SELECT dep.job_id, dep.blocker_id, dep.on_failure
+    FROM django_pgqueue_dependency AS dep
+    WHERE dep.job_id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+      AND NOT dep.blocker_id = ANY (%(job_ids)s::bigint[])
+      AND NOT dep.blocker_id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+),
+other_blockers AS (
+    SELECT blocker.id, blocker.status
+    FROM django_pgqueue_job AS blocker
+    WHERE blocker.id = ANY (ARRAY(SELECT other_edges.blocker_id FROM other_edges))
+    ORDER BY blocker.id
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+held_back (job_id) AS (
+    SELECT other_edges.job_id
+    FROM other_edges
+    LEFT JOIN other_blockers ON other_blockers.id = other_edges.blocker_id
+    WHERE other_blockers.id IS NULL
+       OR (
+           other_blockers.status IN ('dead_letter', 'cancelled')
+           AND other_edges.on_failure = 'cancel'
+       )
+    UNION
+    SELECT dep.job_id
+    FROM held_back
+    JOIN django_pgqueue_dependency AS dep ON dep.blocker_id = held_back.job_id
+    WHERE dep.job_id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+      AND dep.on_failure = 'cancel'
+),
+target AS (
+    SELECT candidates.id
+    FROM candidates
+    WHERE candidates.id <> ALL (ARRAY(SELECT held_back.job_id FROM held_back))
 ),
 revived AS (
     UPDATE django_pgqueue_job AS job
@@ -119,13 +181,17 @@ revived AS (
         last_error = NULL
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status = 'cancelled'
-    RETURNING job.id
+    RETURNING job.id, job.partition_key
 ),
 cleared AS (
     UPDATE django_pgqueue_dependency AS dep
     SET cancelled_job = false
     WHERE dep.job_id = ANY (ARRAY(SELECT revived.id FROM revived))
       AND dep.cancelled_job
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key)
+    SELECT DISTINCT revived.partition_key FROM revived WHERE revived.partition_key IS NOT NULL
 )
 SELECT revived.id FROM revived
 

@@ -10,6 +10,15 @@
 -- worker could wait on, however long the producer's transaction stays open, and the
 -- signal becomes visible exactly when the job does. A job under a concurrency limit
 -- appends a concurrency signal (django_pgqueue_concurrency_signal) the same way.
+-- A signal is urgent (folded by the next claim) unless the partition's row already
+-- names a next job other than its running one (a claim leaves head_id on the job it
+-- started): that job is older than this one, and whatever moves the row reads the job
+-- table and finds this job behind it. Likewise when the key's row names a ready next
+-- job at least as urgent (priority) as this one: a claim of the key takes its ready jobs
+-- from the job table, and every slot freed refreshes the row. Those are lazy: each worker's housekeeping thread folds them a few
+-- times a second, for the case where every job ahead was taken before this transaction
+-- committed. A deep backlog on a busy partition or key then costs the claims nothing.
+-- One primary-key probe per distinct key.
 
 
 -- name: enqueue
@@ -47,23 +56,53 @@ WITH inserted AS (
         now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s, %(traceparent)s,
         %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s
     )
-    RETURNING id, created_at, available_at, queue, partition_key, concurrency_key
+    RETURNING id, created_at, available_at, queue, partition_key, concurrency_key, priority
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, inserted.queue)
     FROM inserted
     WHERE inserted.available_at <= now()
 ),
+fresh AS (
+    -- Whether the new job's partition or key needs its row refreshed by the next claim
+    -- (urgent) or only if the row changes before this commits (lazy): see the top.
+    SELECT inserted.queue, inserted.available_at <= now() AS ready,
+        inserted.partition_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_partition AS part
+            WHERE part.partition_key = inserted.partition_key
+              AND part.head_id IS NOT NULL
+              AND part.head_id IS DISTINCT FROM part.running_id
+        ) AS partition_urgent,
+        inserted.concurrency_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key = inserted.concurrency_key
+              AND conc.head_id IS NOT NULL
+              AND conc.head_available_at <= now()
+              AND conc.head_priority >= inserted.priority
+        ) AS key_urgent
+    FROM inserted
+    WHERE (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
+),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
+    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
-    SELECT inserted.concurrency_key FROM inserted WHERE inserted.concurrency_key IS NOT NULL
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
+    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    WHERE fresh.concurrency_key IS NOT NULL
+),
+flow_woken AS (
+    -- An urgent signal of a ready job: workers claim with partitions and keys next.
+    SELECT pg_notify(%(flow_channel)s, fresh.queue)
+    FROM fresh
+    WHERE fresh.ready
+      AND ((fresh.partition_key IS NOT NULL AND fresh.partition_urgent)
+        OR (fresh.concurrency_key IS NOT NULL AND fresh.key_urgent))
 )
 SELECT inserted.id, inserted.created_at, inserted.available_at,
-    (SELECT count(*) FROM woken)::text AS notified
+    ((SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken))::text AS notified
 FROM inserted
 
 
@@ -95,15 +134,46 @@ woken AS (
     FROM inserted
     WHERE inserted.available_at <= now()
 ),
+fresh AS (
+    -- Whether the new job's partition or key needs its row refreshed by the next claim
+    -- (urgent) or only if the row changes before this commits (lazy): see the top.
+    SELECT inserted.queue, inserted.available_at <= now() AS ready,
+        inserted.partition_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_partition AS part
+            WHERE part.partition_key = inserted.partition_key
+              AND part.head_id IS NOT NULL
+              AND part.head_id IS DISTINCT FROM part.running_id
+        ) AS partition_urgent,
+        inserted.concurrency_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key = inserted.concurrency_key
+              AND conc.head_id IS NOT NULL
+              AND conc.head_available_at <= now()
+              AND conc.head_priority >= inserted.priority
+        ) AS key_urgent
+    FROM inserted
+    WHERE (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
+),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
+    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
-    SELECT inserted.concurrency_key FROM inserted WHERE inserted.concurrency_key IS NOT NULL
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
+    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    WHERE fresh.concurrency_key IS NOT NULL
+),
+flow_woken AS (
+    -- An urgent signal of a ready job: workers claim with partitions and keys next.
+    SELECT pg_notify(%(flow_channel)s, fresh.queue)
+    FROM fresh
+    WHERE fresh.ready
+      AND ((fresh.partition_key IS NOT NULL AND fresh.partition_urgent)
+        OR (fresh.concurrency_key IS NOT NULL AND fresh.key_urgent))
 )
-SELECT inserted.*, true AS created, (SELECT count(*) FROM woken) AS notified
+SELECT inserted.*, true AS created,
+    (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
 FROM inserted
 UNION ALL
 SELECT existing.*, false AS created, 0 AS notified
@@ -149,20 +219,69 @@ inserted AS (
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     -- end conflict
     RETURNING id, created_at, available_at, idempotency_key, queue, partition_key,
-        concurrency_key
+        concurrency_key, priority
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT inserted.queue FROM inserted WHERE inserted.available_at <= now()) AS ready
 ),
+fresh_partitions AS (
+    -- Per partition of the new jobs: urgent or lazy (see the top).
+    SELECT grouped.partition_key, grouped.ready,
+        NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_partition AS part
+            WHERE part.partition_key = grouped.partition_key
+              AND part.head_id IS NOT NULL
+              AND part.head_id IS DISTINCT FROM part.running_id
+        ) AS urgent
+    FROM (
+        SELECT inserted.partition_key, bool_or(inserted.available_at <= now()) AS ready
+        FROM inserted
+        WHERE inserted.partition_key IS NOT NULL
+        GROUP BY inserted.partition_key
+    ) AS grouped
+),
+fresh_keys AS (
+    -- Per concurrency key of the new jobs: urgent or lazy, by its best new job.
+    SELECT grouped.concurrency_key, grouped.ready,
+        NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key = grouped.concurrency_key
+              AND conc.head_id IS NOT NULL
+              AND conc.head_available_at <= now()
+              AND conc.head_priority >= grouped.priority
+        ) AS urgent
+    FROM (
+        SELECT inserted.concurrency_key, bool_or(inserted.available_at <= now()) AS ready,
+            max(inserted.priority) AS priority
+        FROM inserted
+        WHERE inserted.concurrency_key IS NOT NULL
+        GROUP BY inserted.concurrency_key
+    ) AS grouped
+),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT DISTINCT inserted.partition_key FROM inserted WHERE inserted.partition_key IS NOT NULL
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
+    SELECT fresh_partitions.partition_key, fresh_partitions.urgent FROM fresh_partitions
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
-    SELECT DISTINCT inserted.concurrency_key FROM inserted
-    WHERE inserted.concurrency_key IS NOT NULL
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
+    SELECT fresh_keys.concurrency_key, fresh_keys.urgent FROM fresh_keys
+),
+flow_woken AS (
+    -- Urgent signals of ready jobs: workers claim with partitions and keys next.
+    SELECT pg_notify(%(flow_channel)s, ready.queue)
+    FROM (
+        SELECT DISTINCT inserted.queue
+        FROM inserted
+        WHERE inserted.partition_key = ANY (ARRAY(
+            SELECT fresh_partitions.partition_key FROM fresh_partitions
+            WHERE fresh_partitions.urgent AND fresh_partitions.ready
+        ))
+           OR inserted.concurrency_key = ANY (ARRAY(
+            SELECT fresh_keys.concurrency_key FROM fresh_keys
+            WHERE fresh_keys.urgent AND fresh_keys.ready
+        ))
+    ) AS ready
 )
 -- One row of arrays in insert order (ids follow it: the sequence is read row by row, in
 -- ORDER BY position), rather than a row per job: the client decodes a thousand integers
@@ -178,7 +297,7 @@ SELECT
     CASE WHEN bool_or(inserted.idempotency_key IS NOT NULL)
         THEN array_agg(inserted.idempotency_key ORDER BY inserted.id)
     END AS idempotency_keys,
-    (SELECT count(*) FROM woken) AS notified
+    (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
 FROM inserted
 
 
@@ -234,22 +353,46 @@ woken AS (
     FROM upserted
     WHERE upserted.available_at <= now()
 ),
-signalled AS (
-    -- A new partitioned job signals here, as enqueue_at does. A pending one whose start
-    -- the debounce moved is signalled by the trigger on available_at (migration 0004).
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT upserted.partition_key
+fresh AS (
+    -- A new job only (a pending one whose start a debounce moved is signalled by the
+    -- triggers on available_at of migrations 0004 and 0011): urgent or lazy, see the top.
+    SELECT upserted.queue, upserted.available_at <= now() AS ready,
+        upserted.partition_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_partition AS part
+            WHERE part.partition_key = upserted.partition_key
+              AND part.head_id IS NOT NULL
+              AND part.head_id IS DISTINCT FROM part.running_id
+        ) AS partition_urgent,
+        upserted.concurrency_key, NOT EXISTS (
+            SELECT 1 FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key = upserted.concurrency_key
+              AND conc.head_id IS NOT NULL
+              AND conc.head_available_at <= now()
+              AND conc.head_priority >= upserted.priority
+        ) AS key_urgent
     FROM upserted
-    WHERE upserted.partition_key IS NOT NULL AND upserted.created
+    WHERE (upserted.partition_key IS NOT NULL OR upserted.concurrency_key IS NOT NULL)
+      AND upserted.created
+),
+signalled AS (
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
+    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    -- Likewise for a new job under a concurrency limit (a moved one: the trigger of 0011).
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
-    SELECT upserted.concurrency_key
-    FROM upserted
-    WHERE upserted.concurrency_key IS NOT NULL AND upserted.created
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
+    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    WHERE fresh.concurrency_key IS NOT NULL
+),
+flow_woken AS (
+    -- An urgent signal of a ready job: workers claim with partitions and keys next.
+    SELECT pg_notify(%(flow_channel)s, fresh.queue)
+    FROM fresh
+    WHERE fresh.ready
+      AND ((fresh.partition_key IS NOT NULL AND fresh.partition_urgent)
+        OR (fresh.concurrency_key IS NOT NULL AND fresh.key_urgent))
 )
-SELECT upserted.*, (SELECT count(*) FROM woken) AS notified
+SELECT upserted.*, (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
 FROM upserted
 
 

@@ -17,8 +17,9 @@
 --   locks in key order after its job locks; the claim takes both with SKIP LOCKED.
 -- * Likewise a statement that moves a job under a concurrency limit recounts its key's
 --   row (django_pgqueue_refresh_concurrency, migration 0011), after its partition rows,
---   and passes the notify channel: a key that drops under its limit with a ready job
---   wakes its queue's workers, so a waiting job starts as soon as a slot frees.
+--   and passes the flow channel (notices.flow_channel): a key that drops under its limit
+--   with a job that can start wakes its queue's workers, and tells them to claim with
+--   the statement that reads the keys, so a waiting job starts as soon as a slot frees.
 
 
 -- name: claim_batch
@@ -26,30 +27,35 @@
 -- Every served queue is looked at in every claim; when the total is smaller than the
 -- number of queues, each queue's best job competes in the order of "turn" (the caller
 -- rotates it), so queues take turns without any of them being skipped unseen.
--- Unpartitioned jobs come from pgq_job_claim. A partitioned job is claimed only as the
--- next job of an idle partition (pgq_partition_claim): the partition row is locked with
--- SKIP LOCKED and marked running in this statement, so two jobs of one partition can
--- never be leased at once, and a deep or blocked partition costs the claim nothing. The
--- job itself is re-checked against the job table (the oldest pending of its partition,
--- none processing), so a stale partition row can delay a job but never reorder one.
+-- Plain jobs (no partition, no concurrency key) come from pgq_job_claim.
+-- A partitioned job is claimed only as the next job of an idle partition
+-- (pgq_partition_claim: partitions whose next job can start now): the partition row is
+-- locked with SKIP LOCKED and marked running in this statement, so two jobs of one
+-- partition can never be leased at once, and a deep, running, blocked or scheduled
+-- partition costs the claim nothing. The job itself is re-checked against the job table
+-- (the oldest pending or blocked job of its partition, none processing), so a stale
+-- partition row can delay a job but never reorder one.
 -- bucket_masks holds, per queue, 1024 characters '0'/'1' marking the owned buckets
 -- (NULL: all buckets).
 -- A job under a concurrency limit is claimed only through its key's row
--- (pgq_concurrency_claim: keys under their limit with a ready next job): the key row is
--- locked with SKIP LOCKED, at most (limit - in flight) of its ready jobs are taken, and
--- in_flight is counted up in this statement. Keys at their limit are not in that index,
--- so they cost the claim nothing, and their jobs hold no lease meanwhile. A key with a
--- rate limit also spends tokens of its bucket here (refilled at rate_limit per
--- rate_period on the database clock, holding at most rate_limit): no token, no start.
--- The last row has a NULL id and says whether producers left partition or concurrency
--- signals to fold (then the worker runs fold_partition_signals and claims again), and
--- whether a concurrency key of these queues has a job that could start (keys_open).
--- While none has, the worker claims with claim_batch_plain: this statement without its
--- key sections. Limited jobs are not in pgq_job_claim, so that one can never start a
--- job past its limit; it leaves them to claim_batch, which the worker sends at once
--- when keys_open turns true. Plain jobs then pay for limits only that probe of a small
--- index.
--- variant: claim_batch_plain without keys
+-- (pgq_concurrency_claim: keys under their limit whose next job can start now): the key
+-- row is locked with SKIP LOCKED, at most (limit - in flight) of its ready jobs are
+-- taken, and in_flight is counted up in this statement. Keys at their limit, out of
+-- rate tokens or waiting for a scheduled job are not in that index (wake_at), so they
+-- cost the claim nothing, and their jobs hold no lease meanwhile. A key with a rate limit
+-- spends tokens of its bucket here (refilled at rate_limit per rate_period on the
+-- database clock, holding at most rate_limit): no token, no start.
+-- The last row has a NULL id and says whether producers left urgent signals to fold
+-- (then the worker runs fold_signals and claims again), and whether partitions or keys
+-- of these queues may still have a job that could start (flow_open: a branch came back
+-- with as many as it could take, or a key it took from still has room).
+-- variant: claim_batch_plain without flow
+-- claim_batch_plain is this statement without its partition and key sections: it reads
+-- pgq_job_claim and nothing else, however much flow-control state (signals, keys at
+-- their limit, throttled keys, and dead index entries of all of them before a vacuum)
+-- the database holds. The worker sends it, alone, while nothing says a partition or key
+-- of its queues can start (see QueueStore.claim_round); it says signalled and
+-- flow_open false.
 WITH wanted AS (
     SELECT *
     FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
@@ -78,6 +84,7 @@ unpartitioned AS (
         FOR UPDATE OF job SKIP LOCKED
     ) AS candidate
 ),
+-- begin flow
 idle_partitions AS (
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
     FROM wanted
@@ -86,6 +93,8 @@ idle_partitions AS (
         FROM django_pgqueue_partition AS part
         WHERE part.running_id IS NULL
           AND part.head_id IS NOT NULL
+          AND NOT part.head_blocked
+          AND part.wake_at IS NULL
           AND part.queue = wanted.queue
           AND part.head_available_at <= now()
           AND (
@@ -110,14 +119,15 @@ partition_heads AS (
       AND job.status = 'pending'
       AND job.partition_key = idle_partitions.partition_key
       AND COALESCE(job.available_at, now()) <= now()
-      -- The safety net under the partition row: no older pending job and no running job
-      -- in the partition. Scalar subqueries on purpose, one index probe per head
-      -- (pgq_job_part_pending, pgq_job_part_processing); NOT EXISTS could become an
-      -- anti-join over every pending partitioned row.
+      -- The safety net under the partition row: no older job not started yet (pending,
+      -- or blocked: it keeps its turn) and no running job in the partition. Scalar
+      -- subqueries on purpose, one index probe per head (pgq_job_part_pending,
+      -- pgq_job_part_processing); NOT EXISTS could become an anti-join over every
+      -- pending partitioned row.
       AND (
           SELECT 1
           FROM django_pgqueue_job AS older
-          WHERE older.status = 'pending'
+          WHERE older.status IN ('pending', 'blocked')
             AND older.partition_key = job.partition_key
             AND older.id < job.id
           LIMIT 1
@@ -131,7 +141,6 @@ partition_heads AS (
       ) IS NULL
     FOR UPDATE OF job SKIP LOCKED
 ),
--- begin keys
 open_keys AS (
     -- pgq_concurrency_claim. Locked, the row is the newest version (rechecked against
     -- in_flight < max_in_flight), so two claims never both fill a key's free slots.
@@ -152,6 +161,7 @@ open_keys AS (
         FROM django_pgqueue_concurrency AS conc
         WHERE conc.head_id IS NOT NULL
           AND conc.in_flight < conc.max_in_flight
+          AND conc.wake_at IS NULL
           AND conc.queue = wanted.queue
           AND conc.head_available_at <= now()
           AND (
@@ -184,7 +194,7 @@ key_jobs AS (
         FOR UPDATE OF job SKIP LOCKED
     ) AS candidate
 ),
--- end keys
+-- end flow
 picked AS (
     -- All branches may lock queue_limit rows of a queue; keep the best queue_limit of
     -- each, then the first total_limit by (rank within its queue, turn). The others stay
@@ -198,12 +208,12 @@ picked AS (
             ) AS rank
         FROM (
             SELECT * FROM unpartitioned
+            -- begin flow
             UNION ALL
             SELECT * FROM partition_heads
-            -- begin keys
             UNION ALL
             SELECT * FROM key_jobs
-            -- end keys
+            -- end flow
         ) AS candidates
     ) AS ranked
     WHERE ranked.rank <= ranked.queue_limit
@@ -229,32 +239,22 @@ claimed AS (
         job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers,
         job.unknown_task_since, job.traceparent, job.concurrency_key
 ),
--- begin keys
+-- begin flow
 taken AS (
     SELECT claimed.concurrency_key, count(*) AS claimed, array_agg(claimed.id) AS ids
     FROM claimed
     WHERE claimed.concurrency_key IS NOT NULL
     GROUP BY claimed.concurrency_key
 ),
-counted AS (
-    -- The key rows were locked by open_keys above. The next job is what this snapshot
-    -- shows besides the jobs just taken (pgq_job_conc_pending); a stale guess can cost
-    -- a claim a probe but never a slot: in_flight is exact, and the jobs taken here
-    -- refresh the row when they finish.
-    UPDATE django_pgqueue_concurrency AS conc
-    SET in_flight = conc.in_flight + taken.claimed,
-        -- Spend one token per start. The clock never moves back (a claim that began
-        -- before another's commit must not count that refill twice).
-        tokens = LEAST(
-            conc.rate_limit::double precision,
-            conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
-                * conc.rate_limit / conc.rate_period
-        ) - taken.claimed,
-        tokens_at = GREATEST(conc.tokens_at, now()),
-        head_id = next_job.id,
-        head_priority = next_job.priority,
-        head_available_at = next_job.available_at,
-        refreshed_at = now()
+next_jobs AS (
+    -- Each key's next job besides the jobs just taken, as the refresh function picks
+    -- it: the best ready one in claim order, else the one ready soonest
+    -- (pgq_job_conc_pending). A stale guess can cost a claim a probe but never a slot:
+    -- in_flight is exact, and the jobs taken here refresh the row when they finish.
+    SELECT taken.concurrency_key, taken.claimed,
+        COALESCE(ready.id, soonest.id) AS id,
+        COALESCE(ready.priority, soonest.priority) AS priority,
+        COALESCE(ready.available_at, soonest.available_at) AS available_at
     FROM taken
     LEFT JOIN LATERAL (
         SELECT job.id, job.priority, job.available_at
@@ -265,11 +265,51 @@ counted AS (
           AND job.id <> ALL (taken.ids)
         ORDER BY job.priority DESC, job.available_at, job.id
         LIMIT 1
-    ) AS next_job ON true
-    WHERE conc.concurrency_key = taken.concurrency_key
-    RETURNING conc.concurrency_key
+    ) AS ready ON true
+    LEFT JOIN LATERAL (
+        SELECT job.id, job.priority, job.available_at
+        FROM django_pgqueue_job AS job
+        WHERE ready.id IS NULL
+          AND job.status = 'pending'
+          AND job.concurrency_key = taken.concurrency_key
+          AND job.id <> ALL (taken.ids)
+        ORDER BY job.available_at, job.id
+        LIMIT 1
+    ) AS soonest ON true
 ),
--- end keys
+counted AS (
+    -- The key rows were locked by open_keys above.
+    UPDATE django_pgqueue_concurrency AS conc
+    SET in_flight = conc.in_flight + next_jobs.claimed,
+        -- Spend one token per start. The clock never moves back (a claim that began
+        -- before another's commit must not count that refill twice).
+        tokens = LEAST(
+            conc.rate_limit::double precision,
+            conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                * conc.rate_limit / conc.rate_period
+        ) - next_jobs.claimed,
+        tokens_at = GREATEST(conc.tokens_at, now()),
+        head_id = next_jobs.id,
+        head_priority = next_jobs.priority,
+        head_available_at = next_jobs.available_at,
+        -- Out of tokens or next job scheduled: out of the claim index until then. (The
+        -- same bucket as above, as of now: SET expressions see the old row.)
+        wake_at = django_pgqueue_key_wake_at(
+            next_jobs.id, next_jobs.available_at, conc.rate_limit, conc.rate_period,
+            LEAST(
+                conc.rate_limit::double precision,
+                conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                    * conc.rate_limit / conc.rate_period
+            ) - next_jobs.claimed,
+            GREATEST(conc.tokens_at, now())
+        ),
+        refreshed_at = now()
+    FROM next_jobs
+    WHERE conc.concurrency_key = next_jobs.concurrency_key
+    RETURNING conc.concurrency_key,
+        conc.head_id IS NOT NULL AND conc.in_flight < conc.max_in_flight
+            AND conc.wake_at IS NULL AS still_open
+),
 running AS (
     -- The partition rows were locked by idle_partitions above.
     UPDATE django_pgqueue_partition AS part
@@ -278,43 +318,64 @@ running AS (
     FROM claimed
     WHERE part.partition_key = claimed.partition_key
     RETURNING part.partition_key
+),
+-- end flow
+summary AS (
+    SELECT
+        -- begin flow
+        (SELECT count(*) FROM running) + (SELECT count(*) FROM counted) +
+        -- end flow
+        0 AS flow_started,
+        -- begin flow
+        -- A branch that came back full may have left more behind; a candidate the
+        -- ranking dropped is still open; a key just taken from may have room left.
+        EXISTS (
+            SELECT 1 FROM idle_partitions
+            GROUP BY idle_partitions.queue, idle_partitions.queue_limit
+            HAVING count(*) >= idle_partitions.queue_limit
+        )
+        OR EXISTS (
+            SELECT 1 FROM open_keys
+            GROUP BY open_keys.queue, open_keys.queue_limit
+            HAVING count(*) >= open_keys.queue_limit
+        )
+        OR (SELECT count(*) FROM partition_heads) > (SELECT count(*) FROM running)
+        OR EXISTS (SELECT 1 FROM counted WHERE counted.still_open)
+        OR
+        -- end flow
+        false AS flow_open
 )
-SELECT claimed.*,
-    (SELECT count(*) FROM running)
-    -- begin keys
-    + (SELECT count(*) FROM counted)
-    -- end keys
-    AS partitions_started, false AS signalled, false AS keys_open
+SELECT claimed.*, summary.flow_started, false AS signalled, false AS flow_open
 FROM claimed
+CROSS JOIN summary
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL, NULL, NULL, NULL,
-    (SELECT count(*) FROM running)
-    -- begin keys
-    + (SELECT count(*) FROM counted)
-    -- end keys
-    ,
-    EXISTS (SELECT 1 FROM django_pgqueue_partition_signal)
-    OR EXISTS (SELECT 1 FROM django_pgqueue_concurrency_signal),
-    -- pgq_concurrency_claim: a key of these queues whose next job could start.
-    EXISTS (
-        SELECT 1 FROM django_pgqueue_concurrency AS conc
-        WHERE conc.head_id IS NOT NULL
-          AND conc.in_flight < conc.max_in_flight
-          AND conc.queue = ANY (%(queues)s::text[])
-    )
+    NULL, NULL, NULL, NULL, NULL, NULL, summary.flow_started,
+    -- begin flow
+    -- More urgent signals than the fold before this claim took?
+    -- pgq_partition_signal_urgent, pgq_concurrency_signal_urgent.
+    EXISTS (SELECT 1 FROM django_pgqueue_partition_signal AS signal WHERE signal.urgent)
+    OR EXISTS (SELECT 1 FROM django_pgqueue_concurrency_signal AS signal WHERE signal.urgent)
+    OR
+    -- end flow
+    false,
+    summary.flow_open
+FROM summary
 
 
--- name: fold_partition_signals
--- Bring the partitions and concurrency keys that producers and operators signalled up
--- to date, at most batch_size signals of each at a time; returns how many were
--- refreshed. Its own short transaction: it waits only on other refreshes of the same
--- rows (partitions first, then keys, as every statement takes them).
+-- name: fold_signals
+-- Bring up to date the partitions and concurrency keys that producers and operators
+-- signalled urgently (pgq_partition_signal_urgent, pgq_concurrency_signal_urgent), at
+-- most batch_size signals of each, oldest first; returns how many were refreshed. Its
+-- own short transaction, sent in the same round trip as the claim: it waits only on
+-- other refreshes of the same rows (partitions first, then keys, as every statement
+-- takes them).
 WITH taken AS (
     DELETE FROM django_pgqueue_partition_signal AS signal
     WHERE signal.id = ANY (ARRAY(
         SELECT pending.id
         FROM django_pgqueue_partition_signal AS pending
+        WHERE pending.urgent
         ORDER BY pending.id
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED
@@ -326,6 +387,7 @@ taken_keys AS (
     WHERE signal.id = ANY (ARRAY(
         SELECT pending.id
         FROM django_pgqueue_concurrency_signal AS pending
+        WHERE pending.urgent
         ORDER BY pending.id
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED
@@ -343,8 +405,104 @@ SELECT partitions.refreshed + django_pgqueue_refresh_concurrency(
 FROM partitions
 
 
+-- name: wake_due
+-- Put back in the claim indexes the partitions and keys whose wait is over: a next job
+-- that was scheduled, a token bucket that refilled (pgq_partition_wake,
+-- pgq_concurrency_wake; at most batch_size of each, the earliest first). Returns how
+-- many can start now. A statement of its own, sent with the claim: it skips rows locked
+-- right now and so never waits (a wait here, holding rows out of key order, could
+-- deadlock with a refresh).
+WITH woken_partitions AS (
+    UPDATE django_pgqueue_partition AS part
+    SET wake_at = NULL
+    WHERE part.partition_key = ANY (ARRAY(
+        SELECT due.partition_key
+        FROM django_pgqueue_partition AS due
+        WHERE due.wake_at <= now()
+        ORDER BY due.wake_at
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+      AND part.wake_at <= now()
+    RETURNING part.partition_key
+),
+woken_keys AS (
+    -- The wake time is computed again on the row as it is now: a key that still has to
+    -- wait (a rounding error, a bucket another claim emptied) gets its new time.
+    UPDATE django_pgqueue_concurrency AS conc
+    SET wake_at = django_pgqueue_key_wake_at(
+        conc.head_id, conc.head_available_at, conc.rate_limit, conc.rate_period,
+        LEAST(
+            conc.rate_limit::double precision,
+            conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                * conc.rate_limit / conc.rate_period
+        ),
+        GREATEST(conc.tokens_at, now())
+    )
+    WHERE conc.concurrency_key = ANY (ARRAY(
+        SELECT due.concurrency_key
+        FROM django_pgqueue_concurrency AS due
+        WHERE due.wake_at <= now()
+        ORDER BY due.wake_at
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+      AND conc.wake_at <= now()
+    RETURNING conc.wake_at IS NULL AND conc.in_flight < conc.max_in_flight AS startable
+)
+SELECT (SELECT count(*) FROM woken_partitions)
+    + (SELECT count(*) FROM woken_keys WHERE woken_keys.startable) AS woken
+
+
+-- name: fold_lazy_signals
+-- Fold the signals producers left lazily (the key or partition already had a row naming
+-- a next job), at most batch_size of each, oldest first (pgq_*_signal_lazy). Sent by
+-- each worker's housekeeping thread a few times a second, off the claim path. Under each
+-- row's lock, only a partition or key whose row no longer covers the new job (it changed
+-- between the producer's look and its commit) is refreshed
+-- (django_pgqueue_fold_partitions / _concurrency, migration 0015); a key this makes
+-- startable wakes its queue's workers on channel. Returns how many signals were taken
+-- and how many rows refreshed.
+WITH taken AS (
+    DELETE FROM django_pgqueue_partition_signal AS signal
+    WHERE signal.id = ANY (ARRAY(
+        SELECT pending.id
+        FROM django_pgqueue_partition_signal AS pending
+        WHERE NOT pending.urgent
+        ORDER BY pending.id
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING signal.partition_key
+),
+taken_keys AS (
+    DELETE FROM django_pgqueue_concurrency_signal AS signal
+    WHERE signal.id = ANY (ARRAY(
+        SELECT pending.id
+        FROM django_pgqueue_concurrency_signal AS pending
+        WHERE NOT pending.urgent
+        ORDER BY pending.id
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING signal.concurrency_key
+),
+partitions AS (
+    SELECT django_pgqueue_fold_partitions(ARRAY(SELECT taken.partition_key FROM taken))
+        AS refreshed
+)
+SELECT (SELECT count(*) FROM taken) + (SELECT count(*) FROM taken_keys) AS taken,
+    partitions.refreshed + django_pgqueue_fold_concurrency(
+        ARRAY(SELECT taken_keys.concurrency_key FROM taken_keys), %(flow_channel)s
+    ) AS refreshed
+FROM partitions
+
+
 -- name: complete_if_leased
--- Mark one leased job succeeded and store its result; refresh its partition.
+-- Mark one leased job succeeded and store its result; refresh its partition. Used by
+-- atomic tasks, inside the handler's transaction: a job whose cancel was requested
+-- while it ran is left alone (no row comes back, the caller rolls the handler's writes
+-- back and records the cancel with fail_if_leased).
 -- finished_at is clock_timestamp(): run inside an atomic task's transaction, now() would
 -- be when that transaction began, not when the handler finished.
 WITH completed AS (
@@ -357,22 +515,28 @@ WITH completed AS (
       AND lease_generation = %(lease_generation)s
       AND claimed_by = %(worker_id)s
       AND status = 'processing'
+      AND cancel_requested_at IS NULL
     RETURNING id, finished_at, partition_key, concurrency_key
 )
 SELECT completed.id, completed.finished_at,
     django_pgqueue_refresh_partitions(ARRAY[completed.partition_key]) AS partitions,
     CASE WHEN completed.concurrency_key IS NOT NULL THEN
-        django_pgqueue_refresh_concurrency(ARRAY[completed.concurrency_key], %(channel)s)
+        django_pgqueue_refresh_concurrency(ARRAY[completed.concurrency_key], %(flow_channel)s)
     END AS keys
 FROM completed
 
 
 -- name: complete_many_if_leased
 -- Mark many leased jobs succeeded, each checked against its own lease generation, and
--- refresh their partitions. completions is one JSON document, [[job id, lease
--- generation, result], ...]: cheaper to send than three arrays. Returns the ids that were
--- still leased; the others were lost (or already completed: see succeeded_under_leases)
--- and are left untouched.
+-- refresh their partitions. A job whose cancel was requested while it ran ends
+-- cancelled instead, without its result. completions is one JSON document, [[job id,
+-- lease generation, result], ...]: cheaper to send than three arrays. Returns the id and
+-- new status of each job that was still leased; the others were lost (or already
+-- completed: see succeeded_under_leases) and are left untouched.
+-- The blocked dependents of every job finished here are locked first, in id order, by
+-- django_pgqueue_lock_dependents (only jobs flagged has_dependents are looked up): the
+-- settling trigger of each job then finds them locked already, so two batches sharing
+-- dependents cannot deadlock.
 WITH done AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation,
         item -> 2 AS result
@@ -381,7 +545,7 @@ WITH done AS (
 locked AS (
     -- Only rows still carrying the lease are locked: a row another worker took over
     -- (and its atomic task may hold for minutes) is never waited on.
-    SELECT job.id
+    SELECT job.id, job.has_dependents, job.cancel_requested_at IS NOT NULL AS cancelling
     FROM django_pgqueue_job AS job
     JOIN done ON done.id = job.id AND done.lease_generation = job.lease_generation
     WHERE job.id = ANY (ARRAY(SELECT done.id FROM done))
@@ -392,8 +556,8 @@ locked AS (
 ),
 completed AS (
     UPDATE django_pgqueue_job AS job
-    SET status = 'succeeded',
-        result = done.result,
+    SET status = CASE WHEN job.cancel_requested_at IS NULL THEN 'succeeded' ELSE 'cancelled' END,
+        result = CASE WHEN job.cancel_requested_at IS NULL THEN done.result END,
         finished_at = now(),
         lease_expires_at = NULL
     FROM done
@@ -402,7 +566,14 @@ completed AS (
       AND job.lease_generation = done.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-    RETURNING job.id, job.partition_key, job.concurrency_key
+      -- An InitPlan, run before the first row is updated: the dependents' locks.
+      AND (
+          SELECT django_pgqueue_lock_dependents(
+              ARRAY(SELECT locked.id FROM locked WHERE locked.has_dependents),
+              ARRAY(SELECT locked.id FROM locked WHERE locked.has_dependents AND locked.cancelling)
+          )
+      ) >= 0
+    RETURNING job.id, job.status, job.partition_key, job.concurrency_key
 ),
 refreshed AS (
     SELECT django_pgqueue_refresh_partitions(ARRAY(
@@ -411,7 +582,7 @@ refreshed AS (
 ),
 recounted AS (
     -- After the partitions (lock order); skipped when no job had a key.
-    SELECT django_pgqueue_refresh_concurrency(keys.keys, %(channel)s) AS keys
+    SELECT django_pgqueue_refresh_concurrency(keys.keys, %(flow_channel)s) AS keys
     FROM refreshed
     CROSS JOIN (
         SELECT ARRAY(
@@ -421,53 +592,73 @@ recounted AS (
     ) AS keys
     WHERE cardinality(keys.keys) > 0
 )
-SELECT completed.id
+SELECT completed.id, completed.status
 FROM completed
 CROSS JOIN refreshed
 LEFT JOIN recounted ON true
 
 
 -- name: succeeded_under_leases
--- Return which of the given leases' jobs already succeeded under that very lease: a
+-- Return which of the given leases' jobs already finished under that very lease (id and
+-- status: succeeded, or cancelled if its cancel was requested while it ran): a
 -- completion sent again after its answer was lost with the connection. No other attempt
--- or worker can hold the lease, so such a job succeeded by that first write. Sent only
+-- or worker can hold the lease, so such a job finished by that first write. Sent only
 -- when complete_many_if_leased came back short, so a drain never pays for it. leases is
 -- one JSON document, [[job id, lease generation], ...]. Uses the primary key.
 WITH asked AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
     FROM jsonb_array_elements(%(leases)s::jsonb) AS item
 )
-SELECT job.id
+SELECT job.id, job.status
 FROM django_pgqueue_job AS job
 JOIN asked ON asked.id = job.id AND asked.lease_generation = job.lease_generation
 WHERE job.id = ANY (ARRAY(SELECT asked.id FROM asked))
   AND job.claimed_by = %(worker_id)s
-  AND job.status = 'succeeded'
+  AND (
+      job.status = 'succeeded'
+      OR (job.status = 'cancelled' AND job.cancel_requested_at IS NOT NULL)
+  )
 
 
 -- name: fail_if_leased
 -- Record a failed attempt: retry after a backoff, or dead-letter the job when the error
--- is permanent or the attempts are used up; refresh its partition (a retried job stays
--- its partition's next job: it keeps its place). The backoff is computed here, on the
--- database clock: min(retry_max, retry_base * 2^(attempts - 1)) * (1 + retry_jitter * u),
--- u in [-1, 1).
+-- is permanent or the attempts are used up; a job whose cancel was requested while it
+-- ran ends cancelled. Refresh its partition (a retried job stays its partition's next
+-- job: it keeps its place). A job going back to pending lets go of its coalesce key: a
+-- newer job may hold it by now, and the one that ran keeps its own turn. The backoff is
+-- computed here, on the database clock:
+-- min(retry_max, retry_base * 2^(attempts - 1)) * (1 + retry_jitter * u), u in [-1, 1).
+-- Every CASE reads the row itself, not a subquery: if a cancel commits while this
+-- statement waits for the row, the row is read again as it is then.
 WITH failed AS (
     UPDATE django_pgqueue_job AS job
     SET status = CASE
+            WHEN job.cancel_requested_at IS NOT NULL THEN 'cancelled'
             WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN 'dead_letter'
             ELSE 'pending'
         END,
         available_at = CASE
-            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN job.available_at
+            WHEN job.cancel_requested_at IS NOT NULL
+                OR %(permanent)s::boolean OR job.attempts >= job.max_attempts
+                THEN job.available_at
             ELSE now() + make_interval(secs =>
                 LEAST(%(retry_max)s, %(retry_base)s * power(2.0, GREATEST(job.attempts - 1, 0)))
                 * (1 + %(retry_jitter)s * (2 * random() - 1)))
         END,
         finished_at = CASE
-            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN now()
+            WHEN job.cancel_requested_at IS NOT NULL
+                OR %(permanent)s::boolean OR job.attempts >= job.max_attempts
+                THEN now()
         END,
         claimed_by = CASE
-            WHEN %(permanent)s::boolean OR job.attempts >= job.max_attempts THEN job.claimed_by
+            WHEN job.cancel_requested_at IS NOT NULL
+                OR %(permanent)s::boolean OR job.attempts >= job.max_attempts
+                THEN job.claimed_by
+        END,
+        coalesce_key = CASE
+            WHEN job.cancel_requested_at IS NOT NULL
+                OR %(permanent)s::boolean OR job.attempts >= job.max_attempts
+                THEN job.coalesce_key
         END,
         lease_expires_at = NULL,
         -- The worker ran it, so it knows the task: a later unknown-task wait starts anew.
@@ -492,7 +683,7 @@ WITH failed AS (
 SELECT failed.id, failed.status, failed.available_at, failed.attempts, failed.max_attempts,
     django_pgqueue_refresh_partitions(ARRAY[failed.partition_key]) AS partitions,
     CASE WHEN failed.concurrency_key IS NOT NULL THEN
-        django_pgqueue_refresh_concurrency(ARRAY[failed.concurrency_key], %(channel)s)
+        django_pgqueue_refresh_concurrency(ARRAY[failed.concurrency_key], %(flow_channel)s)
     END AS keys
 FROM failed
 
@@ -511,11 +702,13 @@ RETURNING id, lease_expires_at
 -- name: extend_leases_if_leased
 -- Push many leases' expiry to now() + lease_seconds, never waiting on a row lock.
 -- leases is one JSON document, [[job id, lease generation], ...]. Returns one row per
--- lease (id, generation) with held = true (extended) or false (the row is locked right now, by an atomic
--- task's open transaction say, but still carries this lease: try again next beat).
--- A lease that is in neither list was lost. Rows are locked only if they still carry
--- the lease, so a lease that moved to another worker is never locked here; and SKIP
--- LOCKED means the heartbeat holds no lock while it waits for another.
+-- lease (id, generation) with held = true (extended) or false (the row is locked right
+-- now, by an atomic task's open transaction say, but still carries this lease: try
+-- again next beat), and whether an operator asked to cancel the job (the worker stops
+-- its handler; a lost notice is made up for here). A lease that is in neither list was
+-- lost. Rows are locked only if they still carry the lease, so a lease that moved to
+-- another worker is never locked here; and SKIP LOCKED means the heartbeat holds no
+-- lock while it waits for another.
 WITH held AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
     FROM jsonb_array_elements(%(leases)s::jsonb) AS item
@@ -539,13 +732,14 @@ extended AS (
       AND job.lease_generation = held.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-    RETURNING job.id, job.lease_generation
+    RETURNING job.id, job.lease_generation, job.cancel_requested_at IS NOT NULL AS cancelling
 )
-SELECT extended.id, extended.lease_generation, true AS held
+SELECT extended.id, extended.lease_generation, true AS held, extended.cancelling
 FROM extended
 UNION ALL
 -- Still this worker's lease as of this statement's snapshot, but locked by someone else.
-SELECT job.id, job.lease_generation, false AS held
+SELECT job.id, job.lease_generation, false AS held,
+    job.cancel_requested_at IS NOT NULL AS cancelling
 FROM django_pgqueue_job AS job
 JOIN held ON held.id = job.id AND held.lease_generation = job.lease_generation
 WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
@@ -558,14 +752,21 @@ WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
 -- Give a leased job back without using up an attempt, available again after delay_seconds.
 -- The generation is bumped, so a late completion by the releasing worker is fenced off.
 -- unknown_since, when given, starts the unknown-task window (kept if already started).
+-- A job whose cancel was requested ends cancelled instead. A job going back to pending
+-- lets go of its coalesce key (see fail_if_leased).
 WITH released AS (
     UPDATE django_pgqueue_job
-    SET status = 'pending',
+    SET status = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
         attempts = attempts - 1,
         lease_generation = lease_generation + 1,
         claimed_by = NULL,
         lease_expires_at = NULL,
-        available_at = now() + make_interval(secs => %(delay_seconds)s),
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+        coalesce_key = CASE WHEN cancel_requested_at IS NOT NULL THEN coalesce_key END,
+        available_at = CASE
+            WHEN cancel_requested_at IS NULL THEN now() + make_interval(secs => %(delay_seconds)s)
+            ELSE available_at
+        END,
         last_error = COALESCE(%(reason)s, last_error),
         last_error_class = COALESCE(%(reason_class)s, last_error_class),
         unknown_task_since = COALESCE(unknown_task_since, %(unknown_since)s::timestamptz)
@@ -573,29 +774,33 @@ WITH released AS (
       AND lease_generation = %(lease_generation)s
       AND claimed_by = %(worker_id)s
       AND status = 'processing'
-    RETURNING id, queue, available_at, partition_key, concurrency_key
+    RETURNING id, queue, status, available_at, partition_key, concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, released.queue)
     FROM released
-    WHERE released.available_at <= now()
+    WHERE released.status = 'pending' AND released.available_at <= now()
 )
 SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notified,
     django_pgqueue_refresh_partitions(ARRAY[released.partition_key]) AS partitions,
     CASE WHEN released.concurrency_key IS NOT NULL THEN
-        django_pgqueue_refresh_concurrency(ARRAY[released.concurrency_key], %(channel)s)
-    END AS keys
+        django_pgqueue_refresh_concurrency(ARRAY[released.concurrency_key], %(flow_channel)s)
+    END AS keys,
+    released.status
 FROM released
 
 
 -- name: release_many_if_leased
--- Give many leased jobs back at once (worker shutdown), each fenced by its generation.
+-- Give many leased jobs back at once (worker shutdown, adaptive prefetch), each fenced by
+-- its generation. A job whose cancel was requested ends cancelled instead (its
+-- dependents locked first, as complete_many_if_leased does). A job going back to pending
+-- lets go of its coalesce key (see fail_if_leased).
 WITH held AS (
     SELECT (item ->> 0)::bigint AS id, (item ->> 1)::bigint AS lease_generation
     FROM jsonb_array_elements(%(leases)s::jsonb) AS item
 ),
 locked AS (
-    SELECT job.id
+    SELECT job.id, job.has_dependents AND job.cancel_requested_at IS NOT NULL AS settles
     FROM django_pgqueue_job AS job
     JOIN held ON held.id = job.id AND held.lease_generation = job.lease_generation
     WHERE job.id = ANY (ARRAY(SELECT held.id FROM held))
@@ -606,12 +811,16 @@ locked AS (
 ),
 released AS (
     UPDATE django_pgqueue_job AS job
-    SET status = 'pending',
+    SET status = CASE WHEN job.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
         attempts = job.attempts - 1,
         lease_generation = job.lease_generation + 1,
         claimed_by = NULL,
         lease_expires_at = NULL,
-        available_at = now(),
+        finished_at = CASE WHEN job.cancel_requested_at IS NOT NULL THEN now() END,
+        coalesce_key = CASE WHEN job.cancel_requested_at IS NOT NULL THEN job.coalesce_key END,
+        available_at = CASE
+            WHEN job.cancel_requested_at IS NULL THEN now() ELSE job.available_at
+        END,
         last_error = COALESCE(%(reason)s, job.last_error)
     FROM held
     JOIN locked ON locked.id = held.id
@@ -619,11 +828,18 @@ released AS (
       AND job.lease_generation = held.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-    RETURNING job.id, job.queue, job.partition_key, job.concurrency_key
+      AND (
+          SELECT django_pgqueue_lock_dependents(
+              '{}', ARRAY(SELECT locked.id FROM locked WHERE locked.settles)
+          )
+      ) >= 0
+    RETURNING job.id, job.queue, job.status, job.partition_key, job.concurrency_key
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
-    FROM (SELECT DISTINCT released.queue FROM released) AS ready
+    FROM (
+        SELECT DISTINCT released.queue FROM released WHERE released.status = 'pending'
+    ) AS ready
 ),
 refreshed AS (
     SELECT django_pgqueue_refresh_partitions(ARRAY(
@@ -631,7 +847,7 @@ refreshed AS (
     )) AS partitions
 ),
 recounted AS (
-    SELECT django_pgqueue_refresh_concurrency(keys.keys, %(channel)s) AS keys
+    SELECT django_pgqueue_refresh_concurrency(keys.keys, %(flow_channel)s) AS keys
     FROM refreshed
     CROSS JOIN (
         SELECT ARRAY(
@@ -641,7 +857,7 @@ recounted AS (
     ) AS keys
     WHERE cardinality(keys.keys) > 0
 )
-SELECT released.id, (SELECT count(*) FROM woken) AS notified
+SELECT released.id, (SELECT count(*) FROM woken) AS notified, released.status
 FROM released
 CROSS JOIN refreshed
 LEFT JOIN recounted ON true

@@ -15,15 +15,22 @@ SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS acquired
 
 -- name: reap_expired
 -- Recover jobs whose lease ran out (their worker crashed, was killed or cut off): back
--- to pending after a backoff, or to dead_letter when that was the last attempt.
--- Attempts were counted at claim, so a job that kills its worker every time still ends
--- in dead_letter. SKIP LOCKED and the re-checked WHERE guarantee that a row completed or
--- extended meanwhile is never touched. job_ids NULL means any expired job.
+-- to pending after a backoff, to dead_letter when that was the last attempt, or to
+-- cancelled when an operator had asked to cancel it (its worker died before its
+-- handler's end could be recorded). Attempts were counted at claim, so a job that kills
+-- its worker every time still ends in dead_letter. SKIP LOCKED and the re-checked WHERE
+-- guarantee that a row completed or extended meanwhile is never touched. job_ids NULL
+-- means any expired job. A job going back to pending lets go of its coalesce key (see
+-- fail_if_leased). The dependents of jobs ending here are locked first, in id order
+-- (django_pgqueue_lock_dependents; see complete_many_if_leased).
 -- The worker that held each lease is told at once on the lease channel (notices.py), so a
 -- worker that is alive but was cut off stops work it no longer owns.
 -- Uses pgq_job_lease.
 WITH expired AS (
-    SELECT job.id, job.claimed_by, job.lease_generation
+    SELECT job.id, job.claimed_by, job.lease_generation,
+        job.has_dependents
+            AND (job.cancel_requested_at IS NOT NULL OR job.attempts >= job.max_attempts)
+            AS settles
     FROM django_pgqueue_job AS job
     WHERE job.status = 'processing'
       AND job.lease_expires_at < now()
@@ -34,15 +41,30 @@ WITH expired AS (
 ),
 reaped AS (
     UPDATE django_pgqueue_job AS job
-    SET status = CASE WHEN job.attempts >= job.max_attempts THEN 'dead_letter' ELSE 'pending' END,
+    SET status = CASE
+            WHEN job.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN job.attempts >= job.max_attempts THEN 'dead_letter'
+            ELSE 'pending'
+        END,
         available_at = CASE
-            WHEN job.attempts >= job.max_attempts THEN job.available_at
+            WHEN job.cancel_requested_at IS NOT NULL OR job.attempts >= job.max_attempts
+                THEN job.available_at
             ELSE now() + make_interval(secs =>
                 LEAST(%(retry_max)s, %(retry_base)s * power(2.0, GREATEST(job.attempts - 1, 0)))
                 * (1 + %(retry_jitter)s * (2 * random() - 1)))
         END,
-        finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
-        claimed_by = CASE WHEN job.attempts >= job.max_attempts THEN job.claimed_by END,
+        finished_at = CASE
+            WHEN job.cancel_requested_at IS NOT NULL OR job.attempts >= job.max_attempts
+                THEN now()
+        END,
+        claimed_by = CASE
+            WHEN job.cancel_requested_at IS NOT NULL OR job.attempts >= job.max_attempts
+                THEN job.claimed_by
+        END,
+        coalesce_key = CASE
+            WHEN job.cancel_requested_at IS NOT NULL OR job.attempts >= job.max_attempts
+                THEN job.coalesce_key
+        END,
         lease_expires_at = NULL,
         last_error = 'lease expired: worker ' || job.claimed_by
             || ' stopped extending it (crashed, killed or cut off from the database)',
@@ -58,6 +80,11 @@ reaped AS (
     WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
       AND job.status = 'processing'
       AND job.lease_expires_at < now()
+      AND (
+          SELECT django_pgqueue_lock_dependents(
+              '{}', ARRAY(SELECT expired.id FROM expired WHERE expired.settles)
+          )
+      ) >= 0
     RETURNING job.id, job.status, job.queue, job.partition_key, job.concurrency_key
 ),
 told AS (
@@ -92,6 +119,17 @@ FROM reaped
 CROSS JOIN refreshed
 LEFT JOIN recounted ON true
 CROSS JOIN (SELECT count(*) AS notices FROM told) AS notified
+
+
+-- name: expired_job_ids
+-- The ids of jobs whose lease ran out, the longest expired first: what reap_expired
+-- takes, for reaping them one at a time when a batch was refused. Uses pgq_job_lease.
+SELECT job.id
+FROM django_pgqueue_job AS job
+WHERE job.status = 'processing'
+  AND job.lease_expires_at < now()
+ORDER BY job.lease_expires_at
+LIMIT %(limit)s
 
 
 -- name: prune_finished

@@ -146,10 +146,17 @@ signalled AS (
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT inserted.queue FROM inserted) AS ready
+),
+flow_woken AS (
+    -- Limited jobs' keys are signalled: the workers claim with the keys next.
+    SELECT pg_notify(%(flow_channel)s, ready.queue)
+    FROM (
+        SELECT DISTINCT inserted.queue FROM inserted WHERE inserted.concurrency_key IS NOT NULL
+    ) AS ready
 )
 SELECT (SELECT count(*) FROM advanced) AS advanced,
     (SELECT count(*) FROM inserted) AS inserted,
-    (SELECT count(*) FROM woken) AS notified,
+    (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified,
     (SELECT count(*) FROM signalled) AS signalled
 
 
@@ -214,8 +221,15 @@ signalled AS (
 woken AS (
     SELECT pg_notify(%(channel)s, ready.queue)
     FROM (SELECT DISTINCT inserted.queue FROM inserted) AS ready
+),
+flow_woken AS (
+    SELECT pg_notify(%(flow_channel)s, ready.queue)
+    FROM (
+        SELECT DISTINCT inserted.queue FROM inserted WHERE inserted.concurrency_key IS NOT NULL
+    ) AS ready
 )
-SELECT inserted.id, inserted.idempotency_key, (SELECT count(*) FROM woken) AS notified
+SELECT inserted.id, inserted.idempotency_key,
+    (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
 FROM inserted
 
 
