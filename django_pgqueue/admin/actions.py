@@ -152,8 +152,11 @@ CANCEL = Operation(
     name="cancel",
     label=_("Cancel"),
     permission="change",
-    eligible=lambda: Q(status__in=_sources(Transition.CANCEL), available_at__gt=ANY_TIME),
-    applies=lambda job: job.status in _sources(Transition.CANCEL),
+    eligible=lambda: Q(
+        status__in=_sources(Transition.CANCEL) + _sources(Transition.STOP),
+        available_at__gt=ANY_TIME,
+    ),
+    applies=lambda job: job.status in _sources(Transition.CANCEL) + _sources(Transition.STOP),
     apply=lambda ids, using: Job.objects.cancel(
         ids, reason="cancelled from the admin", using=using
     ),
@@ -163,10 +166,11 @@ CANCEL = Operation(
     skip_reason=_("already finished"),
     explanation=_(
         "Pending and blocked jobs are cancelled and will not run; the jobs waiting for "
-        "them are cancelled too. Running jobs are cancelled at once: their worker is told "
-        "to stop (the task sees context.cancelled, an async task gets CancelledError) and "
-        "whatever the task does afterwards is not recorded. Finished jobs are skipped; a "
-        "cancelled job can be retried later."
+        "them are cancelled too. Running jobs are asked to stop: their worker is told at "
+        "once (the task sees context.cancelled, an async task gets CancelledError), and "
+        "each ends cancelled, its result dropped, when its handler returns; until then it "
+        "keeps its concurrency slot and its partition's turn, so nothing starts in its "
+        "place. Finished jobs are skipped; a cancelled job can be retried later."
     ),
     log_flag=CHANGE,
     log_message="Cancelled from the admin.",
@@ -280,13 +284,15 @@ def perform(
     done = 0
     skipped: list[int] = []
     busy: list[int] = []
+    running: list[int] = []
     for chunk in _chunks(target) if across else _split(selected):
         result = operation.apply(chunk, using)
         _log(request, result.done, operation)
         done += len(result.done)
         skipped.extend(job_id for job_id in result.skipped if job_id not in result.busy)
         busy.extend(result.busy)
-    _report(model_admin, request, operation, done, skipped, busy=busy)
+        running.extend(result.running)
+    _report(model_admin, request, operation, done, skipped, busy=busy, running=running)
     return_to = _safe_return_to(request)
     return HttpResponseRedirect(return_to) if return_to else None
 
@@ -397,10 +403,20 @@ def _report(
     skipped: list[int],
     *,
     busy: Sequence[int] = (),
+    running: Sequence[int] = (),
 ) -> None:
     model_admin.message_user(
         request, operation.done(done), messages.SUCCESS if done else messages.INFO
     )
+    if running:
+        message = ngettext(
+            "%(ids)s was running: its handler was asked to stop, and it ends cancelled "
+            "when the handler returns (it keeps its slot until then).",
+            "%(count)d of them were running (%(ids)s): their handlers were asked to stop, "
+            "and each ends cancelled when its handler returns (keeping its slot until then).",
+            len(running),
+        ) % {"count": len(running), "ids": _listed(running)}
+        model_admin.message_user(request, message, messages.INFO)
     if skipped:
         message = ngettext(
             "Skipped %(count)d job (%(reason)s): %(ids)s.",

@@ -28,6 +28,7 @@ from ..compat import Task, TaskError, TaskResult, TaskResultStatus, task_finishe
 from ..context import JobContext
 from ..exceptions import (
     InvalidArguments,
+    JobCancelled,
     JobTimeout,
     LeaseLost,
     PermanentError,
@@ -41,7 +42,15 @@ from ..runners import DjangoRunner
 from ..tracing import attempt_span, record_exception, recording, set_outcome
 from ..values import ClaimedJob, Failure
 
-__all__ = ["InFlight", "JobRunner", "Outcome", "OutcomeKind", "TaskEntry", "TaskResolver"]
+__all__ = [
+    "InFlight",
+    "JobRunner",
+    "Outcome",
+    "OutcomeKind",
+    "TaskEntry",
+    "TaskResolver",
+    "cancelled_failure",
+]
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -139,6 +148,10 @@ class InFlight:
     committing: bool = False
     #: An atomic task's transaction committed its completion: the attempt is over.
     committed: bool = False
+    #: An operator asked to cancel the job while this attempt held it: its handler is
+    #: asked to stop, it keeps its lease (and its slot and partition turn) until the
+    #: handler returns, and its outcome is recorded as cancelled.
+    cancel_requested: bool = False
     #: Until when (time.monotonic) the lease is surely held: a moment taken before the
     #: claim (or the last extension) was sent, plus the lease length. Local clock only.
     lease_valid_until: float = float("inf")
@@ -238,6 +251,15 @@ def _span_outcome(flight: InFlight, outcome: Outcome) -> str:
     if flight.overdue:
         return "timeout"
     return "abandoned" if flight.abandoned else _SPAN_OUTCOMES[outcome.kind]
+
+
+def cancelled_failure(what: str) -> Failure:
+    """Describe an attempt stopped by an operator's cancel, for the job's history."""
+    return Failure(
+        exception_class=f"{JobCancelled.__module__}.{JobCancelled.__qualname__}",
+        message=f"cancelled by an operator while it ran; {what}",
+        permanent=True,
+    )
 
 
 def failure_from(error: BaseException, *, permanent: bool = False) -> Failure:
@@ -473,8 +495,17 @@ class JobRunner:
             # held by anyone and must not be extended or reported lost.
             flight.committed = True
         except LeaseLost as error:
+            # The completion was refused and the handler's writes rolled back: the lease
+            # was lost, or an operator asked to cancel the job while it ran. Record it as
+            # a failure; fail_if_leased turns a requested cancel into cancelled, and
+            # refuses (changes nothing) if the lease is gone.
             self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
-            return Outcome(flight, OutcomeKind.LOST, duration=time.monotonic() - started)
+            return Outcome(
+                flight,
+                OutcomeKind.FAILED,
+                failure=cancelled_failure("its transaction was rolled back"),
+                duration=time.monotonic() - started,
+            )
         except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
         return self._succeeded(

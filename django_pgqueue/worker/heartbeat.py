@@ -9,7 +9,8 @@ importance:
 1. extend every held lease in one statement; a lease whose row is locked right now (an
    atomic task's open transaction) is still held, and is extended at a later beat;
    leases that came back missing were lost (expired and taken over, or changed by an
-   operator) and the worker abandons them;
+   operator) and the worker abandons them; leases whose job an operator asked to cancel
+   have their handlers asked to stop (a lost cancel notice is made up for here);
 2. refresh the worker's registry row;
 3. rebuild the partition-bucket ring from the live workers;
 4. add the finished-job counters to the per-minute statistics.
@@ -80,9 +81,11 @@ class Heartbeat(threading.Thread):
         status: Callable[[], str],
         metadata: dict[str, Any],
         overdue: Callable[[], list[int]] = list,
+        on_cancel_requested: Callable[[list[Lease]], None] | None = None,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._overdue = overdue
+        self._on_cancel_requested = on_cancel_requested
         self._slot = slot
         self._worker_id = worker_id
         self._queues = tuple(queues)
@@ -146,6 +149,15 @@ class Heartbeat(threading.Thread):
                 )
             )
             self._on_leases_extended(extension.held, sent_at)
+            if extension.cancelling and self._on_cancel_requested is not None:
+                # An operator's cancel whose notice this worker missed.
+                self._on_cancel_requested(
+                    [
+                        lease
+                        for lease in leases
+                        if (lease.job_id, lease.lease_generation) in extension.cancelling
+                    ]
+                )
             lost = extension.lost(leases)
             observe.current.leases_extended(len(leases) - len(lost))
             if lost:

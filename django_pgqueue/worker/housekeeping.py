@@ -2,7 +2,13 @@
 
 Every worker runs the loop; in each step only the one that takes the transaction-level
 advisory lock does the work, so exactly one worker at a time does it, also behind
-PgBouncer in transaction mode (the lock dies with the transaction).
+PgBouncer in transaction mode (the lock dies with the transaction). A step that fails
+is logged and the pass goes on with the next: one row the database refuses must never
+stop the reaper for every other job.
+
+Between passes, the same thread folds the signals producers left lazily (see
+``fold_lazy_signals`` in sql/lease.sql) a few times a second, on every worker (the
+statement skips signals another worker is folding).
 """
 
 from __future__ import annotations
@@ -10,12 +16,16 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import psycopg
+
 from ..conf import conf
-from ..manager import QueueStore
+from ..manager import LAZY_FOLD_BATCH, QueueStore
 from ..retry import RetryPolicy
+from ..values import ReapedJob
 from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 
 __all__ = ["Housekeeper", "HousekeepingReport", "PartitionRepair", "run_pass"]
@@ -26,6 +36,9 @@ logger = logging.getLogger("django_pgqueue.worker")
 REAP_BATCH = 1000
 STATS_RETENTION_SECONDS = 2 * 24 * 3600.0
 DEAD_WORKER_RETENTION_SECONDS = 24 * 3600.0
+#: How often lazy signals are folded: they only matter when every job ahead of a new one
+#: left before its producer committed, so a fraction of a second is soon enough.
+LAZY_FOLD_SECONDS = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +63,47 @@ def _step[T](slot: ConnectionSlot, work: Callable[[QueueStore], T]) -> tuple[boo
 
     Short transactions: a reaped row or a worker marked dead is not kept locked while
     the pass goes on pruning, so no heartbeat or outcome write waits on housekeeping.
+    A step the database refuses is rolled back and logged, and reported as run with
+    nothing done: the other steps still run. A lost connection is raised.
     """
     connection = slot.connection
     store = slot.store
-    with connection.transaction():
-        if not store.try_housekeeping_lock():
-            return False, None
-        return True, work(store)
+    try:
+        with connection.transaction():
+            if not store.try_housekeeping_lock():
+                return False, None
+            return True, work(store)
+    except CONNECTION_ERRORS:
+        raise
+    except psycopg.Error:
+        logger.exception("housekeeping: a step failed; the others go on")
+        return True, None
+
+
+def _reap(store: QueueStore) -> list[ReapedJob]:
+    """Reap a batch; if the database refuses it, reap its jobs one at a time.
+
+    A job whose move it refuses is logged and left for the next pass, so it cannot
+    keep every other expired lease from being recovered.
+    """
+    policy = RetryPolicy.from_settings()
+    try:
+        with store.runner.atomic():
+            return store.reap_expired(limit=REAP_BATCH, policy=policy)
+    except CONNECTION_ERRORS:
+        raise
+    except psycopg.Error as error:
+        logger.warning("housekeeping: reaping a batch failed (%s); one job at a time", error)
+    reaped: list[ReapedJob] = []
+    for job_id in store.expired_job_ids(limit=REAP_BATCH):
+        try:
+            with store.runner.atomic():
+                reaped.extend(store.reap_expired(limit=1, policy=policy, job_ids=[job_id]))
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error:
+            logger.exception("housekeeping: job %s could not be reaped", job_id)
+    return reaped
 
 
 def run_pass(
@@ -64,9 +111,7 @@ def run_pass(
 ) -> HousekeepingReport:
     """Run one housekeeping pass, each step in its own transaction, if this process wins
     the lock (each step takes it again; another worker may do the next one)."""
-    ran, reaped = _step(
-        slot, lambda store: store.reap_expired(limit=REAP_BATCH, policy=RetryPolicy.from_settings())
-    )
+    ran, reaped = _step(slot, _reap)
     if not ran:
         return HousekeepingReport(ran=False)
     reaped = reaped or []
@@ -171,11 +216,14 @@ class Housekeeper(threading.Thread):
         self._stopping.set()
 
     def run(self) -> None:
-        """Loop until stopped."""
-        delay = random.uniform(0, self._interval)  # noqa: S311 - spread workers' passes
+        """Loop until stopped: fold lazy signals often, run a pass every interval."""
+        next_pass = time.monotonic() + random.uniform(0, self._interval)  # noqa: S311 - spread workers' passes
         try:
-            while not self._stopping.wait(delay):
+            while not self._stopping.wait(min(LAZY_FOLD_SECONDS, next_pass - time.monotonic())):
                 try:
+                    self._fold_lazy_signals()
+                    if time.monotonic() < next_pass:
+                        continue
                     report = run_pass(
                         self._slot, worker_timeout=self._worker_timeout, repair=self._repair
                     )
@@ -191,5 +239,17 @@ class Housekeeper(threading.Thread):
                 except Exception:
                     logger.exception("housekeeping pass failed")
                     delay = self._interval
+                next_pass = time.monotonic() + delay
         finally:
             self._slot.close()
+
+    def _fold_lazy_signals(self) -> None:
+        """Fold lazy signals, batch after batch while batches come back full.
+
+        Its own statements in autocommit: each fold locks rows in key order and waits
+        only on other refreshes of the same partitions and keys.
+        """
+        while not self._stopping.is_set():
+            taken, _ = self._slot.run(lambda store: store.fold_lazy_signals())
+            if taken < LAZY_FOLD_BATCH:
+                return

@@ -29,7 +29,9 @@ class Listener(threading.Thread):
 
     The same connection LISTENs on the lease channel (``lease_channel``): each payload
     goes to ``on_lease_notice``. A notice lost while the connection was down is made up
-    for by the heartbeat, whose next lease extension finds the lease gone.
+    for by the heartbeat, whose next lease extension finds the lease gone. And on the
+    flow channel (``flow_channel``): a concurrency key of a served queue can start a
+    job again; ``on_flow`` is called before the dispatcher is woken.
     """
 
     def __init__(
@@ -42,6 +44,8 @@ class Listener(threading.Thread):
         name: str,
         lease_channel: str | None = None,
         on_lease_notice: Callable[[str], None] | None = None,
+        flow_channel: str | None = None,
+        on_flow: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="pgqueue-listener", daemon=True)
         self._alias = alias
@@ -50,6 +54,8 @@ class Listener(threading.Thread):
         self._wake = wake
         self._lease_channel = lease_channel
         self._on_lease_notice = on_lease_notice
+        self._flow_channel = flow_channel
+        self._on_flow = on_flow
         self._connection_name = name
         self._stopping = threading.Event()
         self.connected = threading.Event()
@@ -69,20 +75,24 @@ class Listener(threading.Thread):
                     self._alias, application_name=self._connection_name, prepare=False
                 ) as conn:
                     conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-                    if self._lease_channel is not None:
-                        conn.execute(
-                            sql.SQL("LISTEN {}").format(sql.Identifier(self._lease_channel))
-                        )
+                    for extra in (self._lease_channel, self._flow_channel):
+                        if extra is not None:
+                            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(extra)))
                     self.connections_made += 1
                     self.connected.set()
                     backoff = 0.1
-                    self._wake()  # rescan: notifications sent while we were away are lost
+                    # Rescan: notifications sent while we were away are lost.
+                    if self._on_flow is not None:
+                        self._on_flow()
+                    self._wake()
                     while not self._stopping.is_set():
                         for notify in conn.notifies(timeout=_WAIT_SLICE):
                             if notify.channel == self._lease_channel:
                                 if self._on_lease_notice is not None:
                                     self._on_lease_notice(notify.payload)
                             elif notify.payload in self._queues:
+                                if notify.channel == self._flow_channel and self._on_flow:
+                                    self._on_flow()
                                 self._wake()
             except CONNECTION_ERRORS as error:
                 self.connected.clear()

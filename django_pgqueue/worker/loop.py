@@ -29,7 +29,7 @@ import psycopg
 from .. import __version__
 from ..conf import conf
 from ..exceptions import ConfigurationError, JobTimeout, LeaseLost, UnknownTask
-from ..notices import lease_channel, parse_notice
+from ..notices import flow_channel, lease_channel, parse_notice
 from ..retry import RetryPolicy
 from ..states import JobStatus, WorkerStatus
 from ..storable import storable_failure, storable_text
@@ -86,9 +86,15 @@ class Worker:
         self._counts_lock = threading.Lock()
         self._rotation = 0
         self._hungry: dict[str, bool] = {}
-        # Whether the last claim saw a concurrency key of our queues that could start a
-        # job; while it did not, claims use the statement without the key branches.
-        self._keys_open = True
+        # Whether the next claim should read partitions and concurrency keys
+        # (claim_batch) rather than plain jobs alone (claim_batch_plain). Set by a claim
+        # that left some open, a flow notification (a key's slot came free elsewhere),
+        # an outcome of ours that freed a partition or slot, and at least once per poll
+        # interval (_wants_flow); so a plain drain never reads flow-control state.
+        self._flow_open = True
+        self._flow_claimed_at = -float("inf")
+        # An operator cancelled attempts not started yet: the dispatcher gives them back.
+        self._cancels_to_hand_back = False
         # Jobs whose unknown task was already reported (a WARNING once per job per worker).
         self._unknown_reported: dict[int, None] = {}
         self._claim_sent_at = time.monotonic()
@@ -210,6 +216,8 @@ class Worker:
             name=f"pgqueue listener {self.id}",
             lease_channel=lease_channel(),
             on_lease_notice=self._lease_notice,
+            flow_channel=flow_channel(),
+            on_flow=self._flow_hint,
         )
         self._heartbeat = Heartbeat(
             slot=self._control,
@@ -228,6 +236,7 @@ class Worker:
             status=lambda: str(self.status),
             metadata=self._metadata(),
             overdue=self._overdue_jobs,
+            on_cancel_requested=self._cancel_requested,
         )
         self._listener.start()
         self._heartbeat.start()
@@ -256,6 +265,7 @@ class Worker:
             if self._recorder_error is not None:
                 raise self._recorder_error
             self._enforce_deadlines()
+            self._hand_back_cancelled()
             if self._adaptive.enabled:
                 self._hand_back_stale()
             total_slots = options.concurrency + options.prefetch + self._adaptive.extra()
@@ -345,6 +355,11 @@ class Worker:
         # Taken before the claim is sent: the database's lease starts no earlier.
         self._claim_sent_at = time.monotonic()
         sent_at = time.perf_counter()
+        flow = self._wants_flow()
+        if flow:
+            # Cleared before the claim is sent: a hint arriving meanwhile is kept.
+            self._flow_open = False
+            self._flow_claimed_at = self._claim_sent_at
         round_ = self._slot.run(
             lambda store: store.claim_round(
                 self.id,
@@ -353,22 +368,34 @@ class Worker:
                 lease_seconds=self.options.lease_seconds,
                 bucket_masks=masks,
                 total_limit=limit,
-                plain=not self._keys_open,
+                plain=not flow,
             )
         )
-        self._keys_open = round_.keys_open
+        if round_.flow_open or round_.more_signals:
+            self._flow_open = True
         claimed = round_.jobs
         observe.current.claimed(len(claimed), time.perf_counter() - sent_at)
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1
-        full = len(claimed) >= limit
+        full = len(claimed) >= limit or round_.more_signals
         for queue, share in zip(queues, limits, strict=True):
             self._hungry[queue] = got[queue] >= share
             full = full or self._hungry[queue]
         if claimed:
             self._note_waits(claimed)
         return claimed, full
+
+    def _wants_flow(self) -> bool:
+        """Return whether the next claim should read partitions and concurrency keys."""
+        return (
+            self._flow_open
+            or time.monotonic() - self._flow_claimed_at >= self.options.poll_interval
+        )
+
+    def _flow_hint(self) -> None:
+        """The listener heard that a key can start a job again (or reconnected)."""
+        self._flow_open = True
 
     def _shares(
         self, limit: int
@@ -582,7 +609,7 @@ class Worker:
         ]
         if successes:
             try:
-                done = store.complete_many_if_leased(
+                done = store.complete_many_outcomes(
                     self.id, [(o.flight.job.lease, o.result_json) for o in successes]
                 )
             except CONNECTION_ERRORS + TRANSIENT_ERRORS:
@@ -593,9 +620,7 @@ class Worker:
                 logger.warning("recording %d results together failed (%s)", len(successes), error)
             else:
                 for outcome in successes:
-                    self._finish(
-                        outcome, "succeeded" if outcome.flight.job.id in done else "lease lost"
-                    )
+                    self._finish(outcome, _completion_label(done.get(outcome.flight.job.id)))
         for outcome in pending:
             if outcome.written:
                 continue
@@ -623,7 +648,7 @@ class Worker:
                         reason_class=outcome.reason_class,
                         unknown_since=outcome.unknown_since,
                     )
-                    label = "released"
+                    label = "cancelled" if flight.cancel_requested else "released"
                 except LeaseLost:
                     label = "release refused (lease lost)"
                 self._finish(outcome, label)
@@ -641,7 +666,7 @@ class Worker:
     def _complete_one(self, store: Any, outcome: Outcome) -> None:
         lease = outcome.flight.job.lease
         try:
-            done = store.complete_many_if_leased(self.id, [(lease, outcome.result_json)])
+            done = store.complete_many_outcomes(self.id, [(lease, outcome.result_json)])
         except CONNECTION_ERRORS + TRANSIENT_ERRORS:
             raise
         except psycopg.Error as error:
@@ -659,8 +684,8 @@ class Worker:
                     "reason": storable_text(str(error).splitlines()[0] if str(error) else "", 500),
                 }
             )
-            done = store.complete_many_if_leased(self.id, [(lease, note)])
-        self._finish(outcome, "succeeded" if lease.job_id in done else "lease lost")
+            done = store.complete_many_outcomes(self.id, [(lease, note)])
+        self._finish(outcome, _completion_label(done.get(lease.job_id)))
 
     def _fail_one(self, store: Any, outcome: Outcome) -> None:
         assert outcome.failure is not None
@@ -687,9 +712,7 @@ class Worker:
                     permanent=failure.permanent,
                 )
                 result = store.fail_if_leased(lease, plain, self._retry_policy)
-            label = (
-                "dead-lettered" if result.status is JobStatus.DEAD_LETTER else "failed, will retry"
-            )
+            label = _FAILURE_LABELS.get(result.status, "failed, will retry")
         except LeaseLost:
             label = "failed (lease lost)"
         self._finish(outcome, label)
@@ -704,6 +727,9 @@ class Worker:
                 del self._flights[flight.key]
         if flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
             self.processed += 1
+        if job.partition_key is not None or job.concurrency_key is not None:
+            # A partition turn or a slot came free: the next claim reads them.
+            self._flow_open = True
         self._count(job.queue, label)
         observe.current.job_finished(job, label, outcome.duration)
         failure = outcome.failure if label != "succeeded" else None
@@ -796,13 +822,63 @@ class Worker:
         notice = parse_notice(payload)
         if notice is None or notice.worker_id != self.id:
             return
-        why = {
-            "cancelled": "cancelled by an operator",
-            "reaped": "its lease expired and was recovered",
-        }.get(notice.reason, notice.reason)
         # By (job id, generation): a notice about an older attempt of a job this worker
         # has since claimed again matches no flight.
-        self._leases_lost([Lease(notice.job_id, notice.lease_generation, self.id)], why=why)
+        lease = Lease(notice.job_id, notice.lease_generation, self.id)
+        if notice.reason == "cancelled":
+            self._cancel_requested([lease])
+            return
+        why = {"reaped": "its lease expired and was recovered"}.get(notice.reason, notice.reason)
+        self._leases_lost([lease], why=why)
+
+    def _cancel_requested(self, leases: list[Lease]) -> None:
+        """Stop the handlers of attempts an operator cancelled; they keep their leases.
+
+        The job stays processing (its slot and partition turn held, its lease extended)
+        until the handler returns: whatever it returns is then recorded as cancelled. A
+        handler that has not started is not started: the job is given back, which
+        records it cancelled. Learned once per attempt (the notice and the heartbeat may
+        both report it).
+        """
+        with self._flights_lock:
+            flights = [
+                flight
+                for lease in leases
+                if (flight := self._flights.get((lease.job_id, lease.lease_generation))) is not None
+                and not flight.cancel_requested
+                and not flight.abandoned
+                and not flight.committed
+            ]
+            for flight in flights:
+                flight.cancel_requested = True
+        for flight in flights:
+            logger.warning(
+                "job %s: cancelled by an operator while it ran; asked its handler to stop. "
+                "It keeps its lease, slot and partition until the handler returns, and "
+                "then ends cancelled",
+                flight.job.id,
+                extra=job_extra(flight.job),
+            )
+            flight.cancel.set()
+            if flight.entry is not None and flight.entry.is_async:
+                self._async.cancel(flight)
+        if flights:
+            self._cancels_to_hand_back = True
+            self._wake.set()  # the dispatcher gives back those not started (below)
+
+    def _hand_back_cancelled(self) -> None:
+        """Give back the cancelled attempts whose handlers have not started (recorded
+        cancelled); on the dispatcher's thread, which owns the connection it uses."""
+        if not self._cancels_to_hand_back:
+            return
+        self._cancels_to_hand_back = False
+        with self._flights_lock:
+            waiting = [
+                flight
+                for flight in self._flights.values()
+                if flight.cancel_requested and flight.started_at is None and not flight.abandoned
+            ]
+        self._release(waiting, "cancelled by an operator before it started", withdraw=True)
 
     def _leases_lost(self, leases: list[Lease], *, why: str = "not held any more") -> None:
         with self._flights_lock:
@@ -987,7 +1063,9 @@ class Worker:
             released = self._slot.run(
                 lambda store: store.release_many_if_leased(self.id, leases, reason=reason)
             )
-        except CONNECTION_ERRORS + TRANSIENT_ERRORS as error:
+        except psycopg.Error as error:
+            # Whatever the database answered (a lost connection, or a statement it
+            # refused): the jobs come back through the reaper; the worker goes on.
             logger.warning(
                 "could not release %d jobs (%s); they come back when their leases expire",
                 len(leases),
@@ -1005,3 +1083,16 @@ class Worker:
             self._control.run(lambda store: store.set_worker_status(self.id, status))
         except CONNECTION_ERRORS as error:
             logger.warning("could not mark worker %s %s (%s)", self.id, status, error)
+
+
+_FAILURE_LABELS = {
+    JobStatus.DEAD_LETTER: "dead-lettered",
+    JobStatus.CANCELLED: "cancelled",
+}
+
+
+def _completion_label(status: JobStatus | None) -> str:
+    """Return how a completion ended: succeeded, cancelled (while it ran), or lease lost."""
+    if status is None:
+        return "lease lost"
+    return "cancelled" if status is JobStatus.CANCELLED else "succeeded"

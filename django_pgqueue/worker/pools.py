@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from .execution import InFlight, Outcome, OutcomeKind, failure_from
+from .execution import InFlight, Outcome, OutcomeKind, cancelled_failure, failure_from
 from .logfields import job_extra
 
 __all__ = ["AsyncRunner", "ThreadPool"]
@@ -180,7 +180,12 @@ class AsyncRunner:
             else:
                 outcome = await self._run(flight)
         except asyncio.CancelledError:
-            outcome = Outcome(flight, OutcomeKind.LOST)
+            if flight.cancel_requested and not flight.abandoned:
+                # An operator's cancel: the job keeps its lease until this is recorded.
+                stopped = cancelled_failure("its coroutine was cancelled")
+                outcome = Outcome(flight, OutcomeKind.FAILED, failure=stopped)
+            else:
+                outcome = Outcome(flight, OutcomeKind.LOST)
         except BaseException as error:
             logger.exception(
                 "job %s: the async runner itself failed",
