@@ -570,6 +570,21 @@ def ledger_atomic_until_cancelled(context: Any, seconds: float = 60.0) -> str:
     return "late result"
 
 
+@task(takes_context=True, max_attempts=1)
+def ledger_cancel_linger(context: Any, linger: float = 2.0, seconds: float = 60.0) -> str:
+    """Wait to be cancelled (ledger "cancelled"), then keep running ``linger`` seconds.
+
+    A handler that does not stop at once: its concurrency slot and partition turn must
+    stay taken until it returns ("return").
+    """
+    _ledger(context, "start")
+    if context.wait_cancelled(seconds):
+        _ledger(context, "cancelled")
+        time.sleep(linger)
+    _ledger(context, "return")
+    return "late result"
+
+
 # ---------------------------------------------------------------- workflows (after=)
 @task(takes_context=True)
 def ledger_price(context: Any, item: int) -> int:

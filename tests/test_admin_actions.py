@@ -85,15 +85,22 @@ def test_cancel_pending_and_running_jobs_but_not_finished_ones(client, operator)
     pending, live, done = enqueue(), running(queue="emails"), succeeded()
     ids = [pending.pk, live.pk, done.pk]
     response = post_action(client, INBOX, "cancel", ids, confirmed=False)
-    assert "Running jobs are cancelled at once" in response.text
+    assert "Running jobs are asked to stop" in response.text
     response = post_action(client, INBOX, "cancel", ids)
-    assert statuses(ids) == {pending.pk: "cancelled", live.pk: "cancelled", done.pk: "succeeded"}
+    # The running one stays processing until its handler returns: nothing starts in its
+    # place meanwhile.
+    assert statuses(ids) == {pending.pk: "cancelled", live.pk: "processing", done.pk: "succeeded"}
     stopped = Job.objects.get(pk=live.pk)
-    assert stopped.lease_generation == live.lease_generation + 1  # its lease is revoked
+    assert stopped.lease_generation == live.lease_generation
+    assert stopped.cancel_requested_at is not None
     assert stopped.last_error == "cancelled from the admin"
     messages = messages_of(response)
     assert messages[0] == "Cancelled 2 jobs."
-    assert messages[1] == f"Skipped 1 job (already finished): #{done.pk}."
+    assert messages[1] == (
+        f"#{live.pk} was running: its handler was asked to stop, and it ends cancelled when "
+        "the handler returns (it keeps its slot until then)."
+    )
+    assert messages[2] == f"Skipped 1 job (already finished): #{done.pk}."
     assert _log(ids) == {str(pending.pk): CHANGE, str(live.pk): CHANGE}
 
 

@@ -1,7 +1,8 @@
 """End to end in a real headless Chromium: an operator cancels a running job from its page.
 
 A real worker runs a task that polls ``context.cancelled``; the operator presses
-"Cancel" on the job's page, confirms, and the job is cancelled and its handler told.
+"Cancel" on the job's page, confirms, the handler is told, and once it returned the job
+is cancelled.
 """
 
 from __future__ import annotations
@@ -36,17 +37,24 @@ def test_operator_cancels_a_running_job_from_its_page(live_server, browser, obse
         browser, browser.find_element(By.CSS_SELECTOR, ".pgq-operations input[value='Cancel']")
     )
     confirmation = browser.find_element(By.ID, "content-main").text
-    assert "Running jobs are cancelled at once" in confirmation
+    assert "Running jobs are asked to stop" in confirmation
     _click_and_wait(
         browser, browser.find_element(By.CSS_SELECTOR, "#content-main input[type=submit]")
     )
-    assert "Cancelled 1 job." in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
-    # Back on the job's page: cancelled, and no Cancel button any more.
-    assert "Cancelled" in browser.find_element(By.ID, "content-main").text
-    assert not browser.find_elements(By.CSS_SELECTOR, ".pgq-operations input[value='Cancel']")
+    messages = browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
+    assert "Cancelled 1 job." in messages
+    assert f"#{job.pk} was running: its handler was asked to stop" in messages
     wait_for(
         lambda: any(e["event"] == "cancelled" for e in ledger.entries(observer, job.pk)),
         timeout=10,
         message="the handler to be told",
     )
-    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+    # Once its handler returned, the job ends cancelled.
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED,
+        timeout=10,
+        message="the job to end cancelled",
+    )
+    browser.get(f"{base}/admin/django_pgqueue/job/{job.pk}/change/")
+    assert "Cancelled" in browser.find_element(By.ID, "content-main").text
+    assert not browser.find_elements(By.CSS_SELECTOR, ".pgq-operations input[value='Cancel']")

@@ -1,5 +1,9 @@
 """Cancelling running jobs, and telling a worker at once that it lost a lease.
 
+A cancelled running job keeps its lease until its handler returns (nothing else can
+start in its place meanwhile); the worker is told at once, asks the handler to stop, and
+records the outcome as cancelled, dropping the result.
+
 Real worker subprocesses. The heartbeat runs every 20 s in the notice tests, so a worker
 that stops within a second or two learned it from the lease notice, not from its
 heartbeat; the fallback test suppresses the notice and runs a 1 s heartbeat instead.
@@ -56,18 +60,25 @@ def _start(workers, observer, task, settings=None, **kwargs):
     return worker, worker_id, job
 
 
-def _assert_cancelled_and_late_completion_refused(observer, worker, job_id):
-    # The handler returned "late result" after it learned: nothing of it is recorded.
+def _assert_ended_cancelled_without_its_result(observer, worker, job_id):
+    # The handler returned "late result" after it learned: the job ends cancelled, its
+    # result dropped, once the worker records that outcome (never before).
     _wait_entry(observer, job_id, "return", timeout=10)
-    wait_for(
-        lambda: f"job {job_id}" in worker.output() and "lease lost" in worker.output(),
+    job = wait_for(
+        lambda: (j := Job.objects.get(pk=job_id)).status == JobStatus.CANCELLED and j,
         timeout=10,
-        message="the worker to log the lost lease",
+        message="the job to end cancelled once its handler returned",
     )
-    time.sleep(0.5)  # let a (wrong) write of the late outcome land, were there one
-    job = Job.objects.get(pk=job_id)
-    assert (job.status, job.result, job.lease_expires_at) == (JobStatus.CANCELLED, None, None)
-    assert worker.output().count(f"job {job_id}: lease lost") == 1, worker.output()
+    assert (job.result, job.lease_expires_at) == (None, None)
+    assert job.cancel_requested_at is not None
+    assert job.finished_at >= job.cancel_requested_at
+    wait_for(
+        lambda: f"job {job_id} cancelled" in worker.output(),
+        timeout=10,
+        message="the worker to log the cancelled outcome",
+    )
+    assert worker.output().count(f"job {job_id}: cancelled by an operator") == 1, worker.output()
+    assert "lease lost" not in worker.output()
 
 
 @pytest.mark.parametrize(
@@ -81,14 +92,17 @@ def test_a_running_job_is_cancelled_and_its_worker_stops_within_two_seconds(
     started = time.monotonic()
     result = Job.objects.cancel([job.pk], reason="no longer wanted")
     call = time.monotonic() - started
-    assert result.done == (job.pk,)
-    # Cancelled in the database when the call returns.
-    assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+    assert (result.done, result.running) == ((job.pk,), (job.pk,))
+    # When the call returns the job is still running, or has just ended: never a second
+    # attempt beside its handler.
+    row = Job.objects.get(pk=job.pk)
+    assert row.cancel_requested_at is not None
+    assert row.status in (JobStatus.PROCESSING, JobStatus.CANCELLED)
     learned = _wait_entry(observer, job.pk, "cancelled", timeout=10)
     stopped = (learned["at"] - before).total_seconds()
     print(f"{task}: cancel call {call * 1000:.0f} ms, handler told after {stopped * 1000:.0f} ms")
     assert stopped < STOP_WITHIN, stopped
-    _assert_cancelled_and_late_completion_refused(observer, worker, job.pk)
+    _assert_ended_cancelled_without_its_result(observer, worker, job.pk)
     # The slot is free again: the worker runs the next job.
     following = Job.objects.enqueue("tests.tasks.ledger_sleep")
     wait_for(
@@ -102,7 +116,7 @@ def test_an_atomic_task_reached_by_a_cancel_rolls_its_completion_back(workers, o
     worker, _, job = _start(workers, observer, "tests.tasks.ledger_atomic_until_cancelled")
     assert Job.objects.cancel([job.pk]).done == (job.pk,)
     _wait_entry(observer, job.pk, "cancelled", timeout=STOP_WITHIN + 3)
-    _assert_cancelled_and_late_completion_refused(observer, worker, job.pk)
+    _assert_ended_cancelled_without_its_result(observer, worker, job.pk)
 
 
 def test_a_cancel_whose_notice_is_lost_is_learned_at_the_next_heartbeat(workers, observer):
@@ -113,15 +127,13 @@ def test_a_cancel_whose_notice_is_lost_is_learned_at_the_next_heartbeat(workers,
     # What a cancel does, without its notice: as if the worker's LISTEN connection had
     # been down when it was sent.
     observer.execute(
-        "UPDATE django_pgqueue_job SET status = 'cancelled', finished_at = now(), "
-        "lease_expires_at = NULL, lease_generation = lease_generation + 1 WHERE id = %s",
-        [job.pk],
+        "UPDATE django_pgqueue_job SET cancel_requested_at = now() WHERE id = %s", [job.pk]
     )
     before = _db_now(observer)
     learned = _wait_entry(observer, job.pk, "cancelled", timeout=10)
     waited = (learned["at"] - before).total_seconds()
     print(f"lost notice: learned at the heartbeat after {waited:.2f} s")
-    _assert_cancelled_and_late_completion_refused(observer, worker, job.pk)
+    _assert_ended_cancelled_without_its_result(observer, worker, job.pk)
 
 
 def test_a_cancel_sent_while_the_listener_is_cut_off_is_still_learned(workers, observer):
@@ -137,7 +149,7 @@ def test_a_cancel_sent_while_the_listener_is_cut_off_is_still_learned(workers, o
     assert Job.objects.cancel([job.pk]).done == (job.pk,)
     # By the notice (if the listener was back already) or by the heartbeat (if not).
     _wait_entry(observer, job.pk, "cancelled", timeout=10)
-    _assert_cancelled_and_late_completion_refused(observer, worker, job.pk)
+    _assert_ended_cancelled_without_its_result(observer, worker, job.pk)
 
 
 def test_a_reaped_lease_is_learned_at_once_by_its_old_worker(workers, observer):
@@ -226,4 +238,5 @@ def test_notices_are_sent_only_on_cancel_and_reap(workers, observer, open_connec
     notice = parse_notice(notify.payload)
     assert notice is not None
     assert (notice.job_id, notice.reason) == (running.pk, "cancelled")
-    assert notice.lease_generation == Job.objects.get(pk=running.pk).lease_generation - 1
+    # The lease the worker holds, which stays valid until its handler returns.
+    assert notice.lease_generation == Job.objects.get(pk=running.pk).lease_generation

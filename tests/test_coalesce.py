@@ -198,6 +198,7 @@ def test_the_coalescing_lookups_use_their_partial_index(observer):
         insert = QUERIES["enqueue_coalesced"].text
         values = {
             "channel": "x",
+            "flow_channel": "y",
             "queue": "default",
             "task_path": "tests.tasks.echo",
             "args": "[]",

@@ -53,10 +53,18 @@ def test_a_dependent_made_pending_by_its_blocker_respects_its_limit(store):
     assert _claim(store) == []
 
 
-def test_cancelling_a_running_limited_job_frees_its_slot(store):
+def test_cancelling_a_running_limited_job_keeps_its_slot_until_its_handler_returns(store):
     running = store.enqueue(_limited()).id
     waiting = store.enqueue(_limited()).id
-    assert _claim(store) == [running]
+    (lease,) = store.claim("w", ["default"], per_queue=50, lease_seconds=30)
+    assert lease.id == running
     assert _claim(store) == []
-    assert store.cancel([running]).done == (running,)
+    assert store.cancel([running]).running == (running,)
+    # Its handler may still run: the slot stays taken.
+    assert _claim(store) == []
+    # The handler returned: its outcome ends the job cancelled and frees the slot.
+    assert store.complete_many_outcomes("w", [(lease.lease, '"late"')]) == {
+        running: JobStatus.CANCELLED
+    }
+    assert Job.objects.get(pk=running).result is None
     assert _claim(store) == [waiting]

@@ -8,6 +8,7 @@ import time
 
 import pytest
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from django_pgqueue.exceptions import InvalidOption, LeaseLost
@@ -78,25 +79,60 @@ def test_cancel_touches_pending_and_running_jobs_and_skips_finished_ones(store):
     job = Job.objects.get(pk=pending.pk)
     assert (job.status, job.last_error) == (JobStatus.CANCELLED, "not needed")
     assert job.finished_at is not None
+    assert result.running == (running.pk,)
     job = Job.objects.get(pk=running.pk)
-    assert (job.status, job.last_error, job.lease_expires_at) == (
-        JobStatus.CANCELLED,
+    # Asked to stop: its handler may still run, so the job keeps its lease until then.
+    assert (job.status, job.last_error, job.lease_generation) == (
+        JobStatus.PROCESSING,
         "not needed",
-        None,
+        lease.lease_generation,
     )
-    # The lease is revoked: its generation moved on, and every write by it is refused.
-    assert job.lease_generation == lease.lease_generation + 1
+    assert job.cancel_requested_at is not None
+    # A retry cannot revive it while it runs.
+    assert store.retry([running.pk]).done == ()
+    # The worker can still extend its lease and record steps; what it records as the
+    # outcome ends the job cancelled, the result dropped.
+    store.extend_lease_if_leased(lease, 30)
+    store.set_step_if_leased(lease, "late")
+    with pytest.raises(LeaseLost):  # an atomic task's completion is refused: rolled back
+        store.complete_if_leased(lease, '"late"')
+    assert store.complete_many_outcomes("w", [(lease, '"late"')]) == {
+        running.pk: JobStatus.CANCELLED
+    }
+    job = Job.objects.get(pk=running.pk)
+    assert (job.status, job.result, job.lease_expires_at) == (JobStatus.CANCELLED, None, None)
+    assert job.finished_at is not None
+    # Ended: every later write of that lease is refused.
     for write in (
-        lambda: store.complete_if_leased(lease, '"late"'),
         lambda: store.fail_if_leased(lease, Failure("E", "late")),
-        lambda: store.set_step_if_leased(lease, "late"),
+        lambda: store.set_step_if_leased(lease, "later"),
         lambda: store.extend_lease_if_leased(lease, 30),
     ):
         with pytest.raises(LeaseLost):
             write()
-    assert store.complete_many_if_leased("w", [(lease, '"late"')]) == set()
-    job = Job.objects.get(pk=running.pk)
-    assert (job.status, job.result, job.step) == (JobStatus.CANCELLED, None, None)
+
+
+@pytest.mark.parametrize("how", ["fail", "release", "reap"])
+def test_a_cancelled_running_job_ends_cancelled_however_its_attempt_ends(store, how):
+    job = store.enqueue(JobSpec("tests.tasks.noop", max_attempts=5)).job
+    (lease,) = [
+        claimed.lease for claimed in store.claim("w", ["default"], per_queue=1, lease_seconds=30)
+    ]
+    store.cancel([job.pk])
+    if how == "fail":
+        outcome = store.fail_if_leased(lease, Failure("E", "stopped"))
+        assert outcome.status == JobStatus.CANCELLED
+    elif how == "release":
+        store.release_if_leased(lease, reason="handed back")
+    else:
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=F("claimed_at"))
+        (reaped,) = store.reap_expired(job_ids=[job.pk])
+        assert reaped.status == JobStatus.CANCELLED
+    row = Job.objects.get(pk=job.pk)
+    assert row.status == JobStatus.CANCELLED, how
+    assert row.finished_at is not None
+    # Not retried on its own, not counted as a dead letter.
+    assert store.claim("w", ["default"], per_queue=1, lease_seconds=30) == []
 
 
 def test_cancel_tries_a_locked_row_again_then_reports_it_busy(store, make_store):

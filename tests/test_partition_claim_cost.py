@@ -139,6 +139,6 @@ def test_a_partition_whose_head_is_ready_is_in_the_next_claim(open_connection):
         "(SELECT head_id FROM django_pgqueue_partition WHERE partition_key = %s)",
         [key],
     )
-    conn.execute(QUERIES["fold_partition_signals"].text, {"batch_size": 1000})
+    conn.execute(QUERIES["fold_signals"].text, {"batch_size": 1000})
     rows = conn.execute(QUERIES["claim_batch"].text, CLAIM).fetchall()
     assert [row[10] for row in rows if row[0] is not None] == [key]

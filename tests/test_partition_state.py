@@ -10,6 +10,7 @@ from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Job, Partition
 from django_pgqueue.runners import DjangoRunner
 from django_pgqueue.sql import QUERIES
+from django_pgqueue.states import JobStatus
 from django_pgqueue.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import PartitionRepair
 from tests.test_migrations import _manage, scratch_database  # noqa: F401 - fixture
@@ -135,10 +136,7 @@ def test_migration_0004_makes_existing_partitioned_jobs_claimable(scratch_databa
     _manage(scratch_database, "migrate", "django_pgqueue")
     with psycopg.connect(scratch_database, autocommit=True) as conn:
         # The migration left one signal per partition with work; a claim folds them in.
-        assert (
-            conn.execute(QUERIES["fold_partition_signals"].text, {"batch_size": 100}).fetchone()[0]
-            == 3
-        )
+        assert conn.execute(QUERIES["fold_signals"].text, {"batch_size": 100}).fetchone()[0] == 3
         rows = conn.execute(
             QUERIES["claim_batch"].text,
             {
@@ -160,13 +158,18 @@ def _PsycopgRunner(conn):
     return PsycopgRunner(conn, "default")
 
 
-def test_a_cancelled_running_job_frees_its_partition(store, make_store):
+def test_a_cancelled_running_job_keeps_its_partition_until_its_handler_returns(store, make_store):
     first = store.enqueue(JobSpec("tests.tasks.noop", partition_key="p")).job
     second = store.enqueue(JobSpec("tests.tasks.noop", partition_key="p")).job
     (head,) = store.claim("w", ["default"], per_queue=10, lease_seconds=30)
     assert head.id == first.pk
     assert _claim_ids(store) == []  # the partition is busy
-    assert make_store().cancel([first.pk]).done == (first.pk,)
-    # The partition's next job runs now, not when the cancelled handler returns.
+    assert make_store().cancel([first.pk]).running == (first.pk,)
+    # The cancelled handler may still run: the partition waits for it.
+    assert _claim_ids(store) == []
+    assert Partition.objects.get(pk="p").running_id == first.pk
+    assert store.complete_many_outcomes("w", [(head.lease, "null")]) == {
+        first.pk: JobStatus.CANCELLED
+    }
     assert _claim_ids(store) == [second.pk]
     assert Partition.objects.get(pk="p").running_id == second.pk

@@ -125,18 +125,18 @@ def test_a_completion_whose_acknowledgement_was_lost_is_recorded_as_a_success(
 ):
     """The batch committed, then the connection dropped before the answer arrived: the
     recorder sends it again, and its jobs are successes (counted, logged), not lost."""
-    real = QueueStore.complete_many_if_leased
+    real = QueueStore.complete_many_outcomes
     sent: list[set[int]] = []
 
-    def committed_then_cut(self: QueueStore, worker_id: str, completions: Any) -> set[int]:
+    def committed_then_cut(self: QueueStore, worker_id: str, completions: Any) -> Any:
         done = real(self, worker_id, completions)  # autocommit: it is committed
-        sent.append(done)
+        sent.append(set(done))
         if len(sent) == 1:
             self.runner.connection.close()
             raise psycopg.OperationalError("server closed the connection unexpectedly")
         return done
 
-    monkeypatch.setattr(QueueStore, "complete_many_if_leased", committed_then_cut)
+    monkeypatch.setattr(QueueStore, "complete_many_outcomes", committed_then_cut)
     caplog.set_level(logging.INFO, logger="django_pgqueue.jobs")
     jobs = Job.objects.enqueue_many([JobSpec("tests.tasks.add", args=[n, 1]) for n in range(3)])
     ids = {job.id for job in jobs}

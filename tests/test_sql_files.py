@@ -18,12 +18,12 @@ STATUS_WRITES = {
     "claim_batch": {Transition.CLAIM},
     "claim_batch_plain": {Transition.CLAIM},
     "complete_if_leased": {Transition.COMPLETE},
-    "complete_many_if_leased": {Transition.COMPLETE},
-    "fail_if_leased": {Transition.RETRY_LATER, Transition.DEAD_LETTER},
-    "release_if_leased": {Transition.RELEASE},
-    "release_many_if_leased": {Transition.RELEASE},
-    "reap_expired": {Transition.REAP, Transition.REAP_EXHAUSTED},
-    "retry_jobs": {Transition.RETRY},
+    "complete_many_if_leased": {Transition.COMPLETE, Transition.STOP},
+    "fail_if_leased": {Transition.RETRY_LATER, Transition.DEAD_LETTER, Transition.STOP},
+    "release_if_leased": {Transition.RELEASE, Transition.STOP},
+    "release_many_if_leased": {Transition.RELEASE, Transition.STOP},
+    "reap_expired": {Transition.REAP, Transition.REAP_EXHAUSTED, Transition.STOP},
+    "retry_jobs": {Transition.RETRY, Transition.RETRY_BLOCKED},
     "cancel_jobs": {Transition.CANCEL},
     "revive_dependents": {Transition.REVIVE},
 }
@@ -77,8 +77,9 @@ def test_status_writes_cover_every_transition_but_run_now_and_unblock():
 def test_terminal_statuses_only_leave_through_an_explicit_retry():
     for transition, (sources, _target) in TRANSITIONS.items():
         if any(source.is_terminal for source in sources):
-            # REVIVE happens only when an operator retries the job that cancelled it.
-            assert transition in {Transition.RETRY, Transition.REVIVE}
+            # REVIVE happens only when an operator retries the job that cancelled it;
+            # RETRY_BLOCKED is a retry of a job whose blockers have not finished.
+            assert transition in {Transition.RETRY, Transition.RETRY_BLOCKED, Transition.REVIVE}
 
 
 def test_parser_rejects_duplicates_and_empty_blocks():
@@ -113,14 +114,23 @@ def test_a_variant_is_its_statement_without_the_named_sections():
             parse(f"-- name: full\n-- variant: lean without extra\n{broken}", "t.sql")
 
 
-def test_the_plain_claim_is_the_claim_without_its_key_branches():
+def test_the_plain_claim_is_the_claim_without_its_partitions_and_keys():
     full, plain = QUERIES["claim_batch"].text, QUERIES["claim_batch_plain"].text
-    for part in ("open_keys", "key_jobs", "counted", "django_pgqueue_concurrency AS conc\n"):
+    flow = (
+        "open_keys",
+        "key_jobs",
+        "counted",
+        "idle_partitions",
+        "partition_heads",
+        "django_pgqueue_concurrency AS conc\n",
+        "django_pgqueue_partition AS part",
+        "_signal",
+    )
+    for part in flow:
         assert part in full
-    for part in ("open_keys", "key_jobs", "taken", "counted"):
         assert part not in plain
-    # Both end with the probe that tells the worker which one to send next.
-    assert plain.endswith(full[full.rindex("EXISTS (") :])
+    # Both end with the same last row (signals and flow_open false in the plain one).
+    assert plain.endswith(full[full.rindex("    summary.flow_open") :])
 
 
 def test_the_unkeyed_bulk_insert_is_the_bulk_insert_without_its_conflict_clause():

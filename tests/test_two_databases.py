@@ -18,6 +18,9 @@ from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_pgqueue.embedded import database_settings
+from django_pgqueue.exceptions import DependencyInOtherDatabase
+from django_pgqueue.models import Job
+from django_pgqueue.values import JobSpec
 from tests import tasks
 from tests.admin_fixtures import login
 from tests.database import REPO
@@ -113,3 +116,29 @@ def test_each_database_is_served_by_its_own_workers(
             for sample in family.samples
         }
         assert databases == {"default", "second"}
+
+
+def test_after_a_job_of_the_other_database_is_refused_naming_both(db_url, second_url):
+    with override_settings(TASKS=TWO_BACKENDS):
+        elsewhere = tasks.noop.using(backend="second").enqueue()
+        other_job = Job.objects.using("second").get(pk=int(elsewhere.id))
+        before = len(_jobs(db_url)), len(_jobs(second_url))
+        # The same id may well name a job here: it must not be linked to.
+        Job.objects.enqueue("tests.tasks.noop")
+        before = (before[0] + 1, before[1])
+        with pytest.raises(DependencyInOtherDatabase) as raised:
+            tasks.noop.using(backend="default", after=[elsewhere]).enqueue()
+        assert (raised.value.blocker_alias, raised.value.alias) == ("second", "default")
+        assert "'second'" in str(raised.value)
+        assert "'default'" in str(raised.value)
+        with pytest.raises(DependencyInOtherDatabase):
+            Job.objects.enqueue("tests.tasks.noop", after=[other_job])
+        # A batch is checked whole before its first job is written.
+        with pytest.raises(DependencyInOtherDatabase):
+            Job.objects.enqueue_many(
+                [JobSpec("tests.tasks.noop"), JobSpec("tests.tasks.noop", after=[other_job])]
+            )
+        assert (len(_jobs(db_url)), len(_jobs(second_url))) == before
+        # On its own database it is fine.
+        tasks.noop.using(backend="second", after=[elsewhere]).enqueue()
+        assert len(_jobs(second_url)) == before[1] + 1
