@@ -88,11 +88,12 @@ PGQUEUE_RETRY_MAX_SECONDS = 1.0
 
 
 # Worker subprocesses of the tests take PGQUEUE_* overrides from their environment,
-# as JSON values (PGQUEUE_HOUSEKEEPING_INTERVAL_SECONDS=0.5, say). PGQUEUE_TEST_* and
-# PGQUEUE_SOAK_* variables steer the tests themselves.
+# as JSON values (PGQUEUE_HOUSEKEEPING_INTERVAL_SECONDS=0.5, say). PGQUEUE_TEST_*,
+# PGQUEUE_SOAK_* and PGQUEUE_MODEL_* variables steer the tests themselves.
 _env_overrides = {
     key: _json.loads(value)
     for key, value in _os.environ.items()
-    if key.startswith("PGQUEUE_") and not key.startswith(("PGQUEUE_TEST_", "PGQUEUE_SOAK_"))
+    if key.startswith("PGQUEUE_")
+    and not key.startswith(("PGQUEUE_TEST_", "PGQUEUE_SOAK_", "PGQUEUE_MODEL_"))
 }
 globals().update(_env_overrides)

@@ -1,36 +1,47 @@
-"""Model-based test of the queue's state machine (Hypothesis stateful testing).
+"""Model-based test of every feature and operator action together (Hypothesis stateful).
 
-Random sequences of store operations — enqueue (partitioned or not, priorities,
-scheduled), claims by several workers with small batches, fenced complete / fail /
-extend / release by the current or a stale lease, reaping, operator retry / cancel /
-run_now, and clock advances — run against the real store on a real PostgreSQL. A small
-Python model says what each operation must do, and what must hold after every step:
+Random sequences of store operations run against the real store on a real PostgreSQL,
+beside a plain Python model (``tests/queue_model.py``) of what each must do:
 
-- a fenced write by a stale lease changes nothing and raises LeaseLost;
-- at most one processing job per partition; a partition's jobs are claimed in id order
-  (only the oldest pending job of a partition is ever claimed);
-- a claimed job was ready (available_at <= the database's now());
-- attempts never exceed max_attempts; a job is dead-lettered exactly when its attempts
-  are used up or its error was permanent;
-- every job is in exactly one known status, and moves only along states.TRANSITIONS;
-- liveness: a claim that leaves capacity free in a queue leaves no claimable job of that
-  queue behind (partition heads behind deep partitions included), and a full claim took
-  the best jobs in claim order.
+- enqueue with any mix of partition key, concurrency key and limit, rate limit, coalesce
+  key and ``after=``, one at a time or in batches; priorities and delays;
+- claims by several workers (full rounds, plain rounds, and two workers at once on two
+  connections), and what a worker does with a lease: complete (alone or batched), fail
+  (permanently or not), time out (the handler keeps running past its deadline), extend,
+  give back (one, or a prefetched batch handed back), by the current lease or a stale one;
+- lease expiry and the reaper; an operator's cancel (pending, blocked or running), retry
+  (with or without reviving dependents), run now, pause and resume a queue; pruning;
+  housekeeping's fold of lazy signals; the clock moving on.
 
-The clock. The queue compares timestamps with the database clock, ``now()``, which a test
-cannot move. "Advancing the clock by N seconds" therefore moves every job's
-``available_at`` and ``lease_expires_at`` N seconds into the past instead, which is the same
-thing as far as every queue statement is concerned. The model keeps its own clock in whole
-seconds; all model delays are multiples of 100 s and lease expiries fall on 50 s offsets, so
-the real time that passes during an example (well under a second) can never flip a
-comparison the model makes.
+After every step it checks the store against the model, and these invariants:
+
+- no attempt of a job runs while another attempt of it runs (one lease at a time, and a
+  cancelled running job keeps its lease until its handler's outcome is recorded);
+- no concurrency limit is exceeded at any instant, and a partition runs one job at a time;
+- per-key order: a partitioned job starts only when it is the oldest job of its partition
+  not started yet (a blocked one keeps its turn);
+- a claim leaves no claimable job behind when it has free capacity, and takes the best
+  jobs in claim order (every non-terminal job can still make progress; at the end the
+  test drains the queue and every job must finish);
+- no bookkeeping statement raises (a stale lease's write raises LeaseLost and changes
+  nothing; anything else that raises fails the test).
+
+The clock. The queue compares timestamps with the database clock, which a test cannot
+move. "Advancing the clock by N seconds" moves every stored time (jobs' availability and
+lease expiry; partitions' and keys' next-job times, token buckets and wake-ups) N seconds
+into the past instead. Model delays are multiples of 100 s and lease expiries fall on 50 s
+offsets, so the real time an example takes can never flip a comparison.
+
+CI runs a fixed number of examples; ``PGQUEUE_MODEL_EXAMPLES`` (and ``PGQUEUE_MODEL_STEPS``)
+run more, as before a release (docs/explanation/guarantees.md says how).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import threading
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -52,72 +63,88 @@ from django_pgqueue.manager import QueueStore
 from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import TRANSITIONS, JobStatus
 from django_pgqueue.values import Failure, JobSpec, Lease
+from tests.queue_model import FAILED, FINISHED, KEYS, RATED, ModelJob, QueueModel, claim_order
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(900)
 
+EXAMPLES = int(os.environ.get("PGQUEUE_MODEL_EXAMPLES", "200"))
+STEPS = int(os.environ.get("PGQUEUE_MODEL_STEPS", "60"))
+TRACE = os.environ.get("PGQUEUE_MODEL_TRACE")
 QUEUES = ("default", "emails")
 WORKERS = ("w1", "w2", "w3")
-PARTITIONS = (None, None, "p1", "p2", "p3")
 LEASE_SECONDS = 150
 # Every backoff is exactly BACKOFF seconds: no jitter, base == max.
 BACKOFF = 100
 POLICY = RetryPolicy(base_seconds=BACKOFF, max_seconds=BACKOFF, jitter=0)
 ALLOWED_MOVES = {(source, target) for sources, target in TRANSITIONS.values() for source in sources}
-
-
-@dataclass
-class ModelJob:
-    """What the model knows about one job."""
-
-    id: int
-    queue: str
-    partition: str | None
-    priority: int
-    max_attempts: int
-    status: JobStatus = JobStatus.PENDING
-    attempts: int = 0
-    ready_at: int = 0
-    lease: Lease | None = None
-    lease_expires: int | None = None
-    #: The lease it succeeded under: a batched completion sent again with it is done.
-    succeeded_under: Lease | None = None
-    permanent_failure: bool = False
-    generations: list[int] = field(default_factory=list)
-    #: Jobs it was enqueued after= (blocked until they are settled), and the policy.
-    after: list[int] = field(default_factory=list)
-    on_failure: str = "cancel"
-
-
-def _sort_key(priority: int, available_at: dt.datetime, job_id: int) -> tuple[Any, ...]:
-    return (-priority, available_at, job_id)
+#: What a job can carry besides its queue: nothing, a partition, a concurrency key, the
+#: rate-limited key, a coalesce key (alone or in a partition).
+FLOWS = (
+    {},
+    {},
+    {"partition_key": "p1"},
+    {"partition_key": "p2"},
+    {"concurrency_key": "k1", "concurrency_limit": KEYS["k1"]},
+    {"concurrency_key": "k2", "concurrency_limit": KEYS["k2"]},
+    {"concurrency_key": RATED, "rate_limit": "1/100s"},
+    {"coalesce_key": "c1"},
+    {"coalesce_key": "c2", "partition_key": "p1"},
+)
+#: A concurrency key's jobs share a queue (a key is claimed through the queue of its next
+#: job, see docs/howto/flow-control.md): the model keeps each key in one.
+KEY_QUEUES = {"k1": "default", "k2": "emails", RATED: "default"}
+SHIFT = """
+WITH jobs AS (
+    UPDATE django_pgqueue_job SET
+        available_at = available_at - make_interval(secs => %(s)s),
+        lease_expires_at = lease_expires_at - make_interval(secs => %(s)s)
+), partitions AS (
+    UPDATE django_pgqueue_partition SET
+        head_available_at = head_available_at - make_interval(secs => %(s)s),
+        wake_at = wake_at - make_interval(secs => %(s)s)
+)
+UPDATE django_pgqueue_concurrency SET
+    head_available_at = head_available_at - make_interval(secs => %(s)s),
+    tokens_at = tokens_at - make_interval(secs => %(s)s),
+    wake_at = wake_at - make_interval(secs => %(s)s)
+"""
 
 
 class QueueMachine(RuleBasedStateMachine):
     """The queue, driven through its store, beside a model of what it must do."""
 
     store: QueueStore  # set by the test before the machine runs
+    second: QueueStore  # another connection, for claims at the same time
 
     leases = Bundle("leases")
     jobs = Bundle("jobs")
 
     def __init__(self) -> None:
         super().__init__()
+        if TRACE:
+            with open(TRACE, "a") as trace:
+                trace.write("=== example\n")
         self.conn = self.store.runner.connection  # type: ignore[attr-defined]
         self.conn.execute(
             "TRUNCATE django_pgqueue_job, django_pgqueue_dependency, django_pgqueue_partition, "
-            "django_pgqueue_partition_signal"
+            "django_pgqueue_partition_signal, django_pgqueue_concurrency, "
+            "django_pgqueue_concurrency_signal, django_pgqueue_queue_pause"
         )
-        self.model: dict[int, ModelJob] = {}
-        self.now = 0
+        self.model = QueueModel()
         self.seen_status: dict[int, JobStatus] = {}
         self.checked: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def now(self) -> int:
+        return self.model.now
+
     def db_rows(self) -> dict[int, dict[str, Any]]:
         rows = self.conn.execute(
             "SELECT id, status, attempts, max_attempts, lease_generation, claimed_by, "
-            "partition_key, available_at, available_at <= now() AS ready, "
-            "lease_expires_at FROM django_pgqueue_job"
+            "partition_key, concurrency_key, coalesce_key, available_at, "
+            "available_at <= now() AS ready, lease_expires_at, "
+            "cancel_requested_at IS NOT NULL AS cancel_requested FROM django_pgqueue_job"
         ).fetchall()
         names = (
             "id",
@@ -127,67 +154,18 @@ class QueueMachine(RuleBasedStateMachine):
             "lease_generation",
             "claimed_by",
             "partition_key",
+            "concurrency_key",
+            "coalesce_key",
             "available_at",
             "ready",
             "lease_expires_at",
+            "cancel_requested",
         )
         return {row[0]: dict(zip(names, row, strict=True)) for row in rows}
 
-    def claimable(self, queue: str) -> list[ModelJob]:
-        """Return the jobs of ``queue`` a claim must be able to take right now."""
-        pending = [job for job in self.model.values() if job.status == JobStatus.PENDING]
-        busy = {
-            job.partition
-            for job in self.model.values()
-            if job.status == JobStatus.PROCESSING and job.partition is not None
-        }
-        heads: dict[str, int] = {}
-        for job in pending:
-            if job.partition is not None:
-                heads[job.partition] = min(heads.get(job.partition, job.id), job.id)
-        return [
-            job
-            for job in pending
-            if job.queue == queue
-            and job.ready_at <= self.now
-            and (
-                job.partition is None
-                or (job.partition not in busy and heads[job.partition] == job.id)
-            )
-        ]
-
-    def settle(self, finished: ModelJob) -> None:
-        """Mirror the settling trigger: ``finished`` just ended; settle its dependents."""
-        failed = finished.status in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED)
-        waiting = sorted(
-            job.id
-            for job in self.model.values()
-            if job.status == JobStatus.BLOCKED and finished.id in job.after
-        )
-        for job_id in waiting:
-            job = self.model[job_id]
-            if job.status != JobStatus.BLOCKED:
-                continue
-            if failed and job.on_failure == "cancel":
-                job.status = JobStatus.CANCELLED
-                self.settle(job)
-                continue
-            if all(self.settled_for(self.model[b], job) for b in job.after):
-                job.status = JobStatus.PENDING
-                job.ready_at = max(job.ready_at, self.now)
-
-    @staticmethod
-    def settled_for(blocker: ModelJob, dependent: ModelJob) -> bool:
-        if blocker.status == JobStatus.SUCCEEDED:
-            return True
-        return dependent.on_failure == "run" and blocker.status in (
-            JobStatus.DEAD_LETTER,
-            JobStatus.CANCELLED,
-        )
-
     def is_current(self, lease: Lease) -> bool:
-        job = self.model[lease.job_id]
-        return job.status == JobStatus.PROCESSING and job.lease == lease
+        job = self.model.jobs.get(lease.job_id)
+        return job is not None and job.status == JobStatus.PROCESSING and job.lease == lease
 
     def expect_lease_lost(self, lease: Lease, operation: Any) -> None:
         """Run a fenced write by a stale lease: it must raise LeaseLost and change nothing."""
@@ -195,148 +173,32 @@ class QueueMachine(RuleBasedStateMachine):
         with pytest.raises(LeaseLost):
             operation()
         after = self.db_rows()
-        assert after == before, (
-            f"a stale lease {lease} changed rows: "
-            f"{[(before.get(i), after.get(i)) for i in after if before.get(i) != after[i]]}"
-        )
+        assert after == before, f"a stale lease {lease} changed rows"
         self.checked["stale lease changed nothing"] += 1
 
-    # ------------------------------------------------------------------ rules
-    @rule(
-        target=jobs,
-        queue=st.sampled_from(QUEUES),
-        partition=st.sampled_from(PARTITIONS),
-        priority=st.sampled_from((-5, 0, 0, 5)),
-        delay=st.sampled_from((0, 0, 0, 100, 200)),
-        max_attempts=st.integers(1, 3),
-    )
-    def enqueue(
-        self, queue: str, partition: str | None, priority: int, delay: int, max_attempts: int
-    ) -> int:
-        available_at = None
-        if delay:
-            db_now = self.conn.execute("SELECT now()").fetchone()[0]
-            available_at = db_now + dt.timedelta(seconds=delay)
-        job_id = self.store.enqueue(
-            JobSpec(
-                "tests.tasks.noop",
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                partition_key=partition,
-                available_at=available_at,
-            )
-        ).id
-        self.model[job_id] = ModelJob(
-            job_id, queue, partition, priority, max_attempts, ready_at=self.now + delay
-        )
-        return job_id
-
-    @rule(
-        target=jobs,
-        blockers=st.lists(jobs, min_size=1, max_size=3),
-        queue=st.sampled_from(QUEUES),
-        partition=st.sampled_from(PARTITIONS),
-        on_failure=st.sampled_from(("cancel", "cancel", "run")),
-    )
-    def enqueue_after(
-        self, blockers: list[int], queue: str, partition: str | None, on_failure: str
-    ) -> int:
-        """Enqueue a job after= existing ones: blocked, pending or cancelled at once."""
-        outcome = self.store.enqueue(
-            JobSpec(
-                "tests.tasks.noop",
-                queue=queue,
-                max_attempts=2,
-                partition_key=partition,
-                after=blockers,
-                on_blocker_failure=on_failure,
-            )
-        )
+    def add_job(
+        self, job_id: int, queue: str, priority: int, max_attempts: int, **flow: Any
+    ) -> ModelJob:
         job = ModelJob(
-            outcome.id,
+            job_id,
             queue,
-            partition,
-            0,
-            2,
-            status=JobStatus.BLOCKED,
+            priority,
+            max_attempts,
+            partition=flow.get("partition_key"),
+            key=flow.get("concurrency_key"),
+            coalesce=flow.get("coalesce_key"),
             ready_at=self.now,
-            after=list(dict.fromkeys(blockers)),
-            on_failure=on_failure,
         )
-        self.model[job.id] = job
-        if on_failure == "cancel" and any(
-            self.model[b].status in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED) for b in job.after
-        ):
-            job.status = JobStatus.CANCELLED
-        elif all(self.settled_for(self.model[b], job) for b in job.after):
-            job.status = JobStatus.PENDING
-        assert outcome.snapshot.status == job.status
-        self.checked["enqueued after= other jobs"] += 1
-        return job.id
+        self.model.jobs[job_id] = job
+        return job
 
-    @rule(
-        target=jobs,
-        queue=st.sampled_from(QUEUES),
-        partition=st.sampled_from(PARTITIONS),
-        priorities=st.lists(st.sampled_from((-5, 0, 5)), min_size=2, max_size=6),
-    )
-    def enqueue_many(self, queue: str, partition: str | None, priorities: list[int]) -> Any:
-        """Enqueue a run of ready jobs at once (deep partitions, priority mixes)."""
-        outcomes = self.store.enqueue_many(
-            JobSpec(
-                "tests.tasks.noop",
-                queue=queue,
-                priority=priority,
-                max_attempts=2,
-                partition_key=partition,
-            )
-            for priority in priorities
-        )
-        for outcome, priority in zip(outcomes, priorities, strict=True):
-            self.model[outcome.id] = ModelJob(
-                outcome.id, queue, partition, priority, 2, ready_at=self.now
-            )
-        return multiple(*(outcome.id for outcome in outcomes))
-
-    @precondition(lambda self: any(job.status == JobStatus.PENDING for job in self.model.values()))
-    @rule(
-        target=leases,
-        worker=st.sampled_from(WORKERS),
-        queues=st.sampled_from((("default",), ("emails",), QUEUES)),
-        per_queue=st.integers(1, 3),
-    )
-    def claim(self, worker: str, queues: tuple[str, ...], per_queue: int) -> Any:
-        expected = {queue: self.claimable(queue) for queue in queues}
-        claimed = self.store.claim(
-            worker,
-            list(queues),
-            per_queue=per_queue,
-            lease_seconds=LEASE_SECONDS,
-        )
+    def take(self, claimed: list[Any], worker: str) -> None:
+        """Record claimed jobs in the model, checking each against it."""
         db_now = self.conn.execute("SELECT now()").fetchone()[0]
-        rows = self.db_rows()
-        by_queue: dict[str, list[int]] = {queue: [] for queue in queues}
-        partitions = [job.partition_key for job in claimed if job.partition_key is not None]
-        assert len(partitions) == len(set(partitions)), (
-            f"one claim leased two jobs of one partition: {[j.id for j in claimed]}"
-        )
         for job in claimed:
-            model = self.model[job.id]
-            assert job.queue in queues
-            by_queue[job.queue].append(job.id)
-            assert model in expected[job.queue], (
-                f"claimed job {job.id} was not claimable: {model}, now={self.now}; "
-                f"claimable: {[j.id for j in expected[job.queue]]}"
-            )
-            assert job.available_at <= job.claimed_at <= db_now, (
-                f"claimed job {job.id} was not ready: available_at {job.available_at}, "
-                f"claimed at {job.claimed_at}"
-            )
-            assert job.attempts == model.attempts + 1
-            assert job.attempts <= job.max_attempts, (
-                f"job {job.id} claimed for attempt {job.attempts} of {job.max_attempts}"
-            )
+            model = self.model.jobs[job.id]
+            assert job.available_at <= job.claimed_at <= db_now
+            assert job.attempts == model.attempts + 1 <= job.max_attempts
             assert all(job.lease_generation > g for g in model.generations), (
                 f"job {job.id} re-leased with an old generation {job.lease_generation}"
             )
@@ -345,275 +207,602 @@ class QueueMachine(RuleBasedStateMachine):
             model.lease = job.lease
             model.lease_expires = self.now + LEASE_SECONDS
             model.generations.append(job.lease_generation)
-        self.checked["claimed jobs were claimable and ready"] += len(claimed)
+            if model.key == RATED:
+                self.model.rate_starts.append(self.now)
+
+    def check_claim(
+        self, claimed: list[Any], queues: tuple[str, ...], per_queue: int, *, exact: bool
+    ) -> None:
+        """Check a claim against the model: claimable, ordered, and (``exact``) complete.
+
+        Call before the claim is recorded in the model (:meth:`take`).
+        """
+        rows = self.db_rows()
+        available = {job_id: row["available_at"] for job_id, row in rows.items()}
+        expected = {queue: self.model.claimable(queue, available) for queue in queues}
+        partitions = [job.partition_key for job in claimed if job.partition_key is not None]
+        assert len(partitions) == len(set(partitions)), "two jobs of one partition at once"
+        keys = Counter(job.concurrency_key for job in claimed if job.concurrency_key)
+        for key, count in keys.items():
+            free = self.model.limit_of(key) - self.model.in_flight(key)
+            if key == RATED:
+                free = min(free, self.model.tokens())
+            assert count <= free, f"claimed {count} jobs of {key} with {free} free"
+        by_queue: dict[str, list[int]] = {queue: [] for queue in queues}
+        for job in claimed:
+            assert job.queue in queues
+            assert self.model.jobs[job.id] in expected[job.queue], (
+                f"claimed job {job.id} was not claimable: {self.model.jobs[job.id]}, "
+                f"now={self.now}; claimable: {[j.id for j in expected[job.queue]]}"
+            )
+            by_queue[job.queue].append(job.id)
+        self.checked["claimed jobs were claimable"] += len(claimed)
         for queue in queues:
             took = by_queue[queue]
             assert len(took) <= per_queue
+            if not exact:
+                continue
             candidates = expected[queue]
             # Liveness: free capacity left behind no claimable job of the queue.
             assert len(took) == min(per_queue, len(candidates)), (
-                f"claim({worker}, {queues}, per_queue={per_queue}) took {took} from queue "
-                f"{queue!r} but these were claimable: "
-                f"{[(j.id, j.partition, j.priority) for j in candidates]} "
-                f"(now={self.now}; all jobs: {sorted(self.model.values(), key=lambda j: j.id)})"
+                f"took {took} from {queue!r} but these were claimable: "
+                f"{[(j.id, j.partition, j.key, j.priority) for j in candidates]} "
+                f"(now={self.now}; jobs: {sorted(self.model.jobs.values(), key=lambda j: j.id)})"
             )
-            # A full claim took the best jobs in claim order.
             left = [job for job in candidates if job.id not in took]
             if took and left:
-                worst_taken = max(
-                    _sort_key(self.model[i].priority, rows[i]["available_at"], i) for i in took
-                )
-                best_left = min(
-                    _sort_key(job.priority, rows[job.id]["available_at"], job.id) for job in left
-                )
-                assert worst_taken < best_left, (
-                    f"claim({worker}, {queues}, per_queue={per_queue}) took {took} of queue "
-                    f"{queue!r} but left claimable job {best_left[2]}, which sorts before "
-                    f"job {worst_taken[2]} in claim order (priority DESC, available_at, id): "
-                    f"{self.model[best_left[2]]}"
-                )
-            self.checked["claim liveness and order (per queue)"] += 1
+                worst = max(claim_order(self.model.jobs[i], available) for i in took)
+                best = min(claim_order(job, available) for job in left)
+                assert worst < best, f"claim took {took} of {queue!r} but left {best[2]} first"
+            self.checked["claim liveness and order"] += 1
+
+    # ------------------------------------------------------------------ producers
+    @rule(
+        target=jobs,
+        queue=st.sampled_from(QUEUES),
+        flow=st.sampled_from(FLOWS),
+        priority=st.sampled_from((-5, 0, 0, 5)),
+        delay=st.sampled_from((0, 0, 0, 100, 200)),
+        max_attempts=st.integers(1, 3),
+    )
+    def enqueue(
+        self, queue: str, flow: dict[str, Any], priority: int, delay: int, max_attempts: int
+    ) -> int:
+        queue = KEY_QUEUES.get(flow.get("concurrency_key", ""), queue)
+        available_at = None
+        if delay:
+            available_at = self.conn.execute("SELECT now()").fetchone()[0] + dt.timedelta(
+                seconds=delay
+            )
+        holder = None
+        if "coalesce_key" in flow:
+            holder = self.model.coalescing_holder(flow["coalesce_key"])
+        outcome = self.store.enqueue(
+            JobSpec(
+                "tests.tasks.noop",
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                available_at=available_at,
+                **flow,
+            )
+        )
+        if holder is not None:
+            # Coalesced into the pending job holding the key: its place stays.
+            assert outcome.id == holder.id
+            assert not outcome.created
+            self.checked["coalesced into the pending holder"] += 1
+            return outcome.id
+        assert outcome.created
+        job = self.add_job(outcome.id, queue, priority, max_attempts, **flow)
+        job.ready_at = self.now + delay
+        return job.id
+
+    @rule(
+        target=jobs,
+        queue=st.sampled_from(QUEUES),
+        flow=st.sampled_from([f for f in FLOWS if "coalesce_key" not in f]),
+        priorities=st.lists(st.sampled_from((-5, 0, 5)), min_size=2, max_size=5),
+    )
+    def enqueue_many(self, queue: str, flow: dict[str, Any], priorities: list[int]) -> Any:
+        queue = KEY_QUEUES.get(flow.get("concurrency_key", ""), queue)
+        outcomes = self.store.enqueue_many(
+            JobSpec("tests.tasks.noop", queue=queue, priority=priority, max_attempts=2, **flow)
+            for priority in priorities
+        )
+        for outcome, priority in zip(outcomes, priorities, strict=True):
+            self.add_job(outcome.id, queue, priority, 2, **flow)
+        return multiple(*(outcome.id for outcome in outcomes))
+
+    @precondition(lambda self: self.model.jobs)
+    @rule(
+        target=jobs,
+        blockers=st.lists(jobs, min_size=1, max_size=3),
+        queue=st.sampled_from(QUEUES),
+        flow=st.sampled_from(
+            [
+                {},
+                {"partition_key": "p1"},
+                {"partition_key": "p2"},
+                {"concurrency_key": "k1", "concurrency_limit": 1},
+            ]
+        ),
+        on_failure=st.sampled_from(("cancel", "cancel", "run")),
+    )
+    def enqueue_after(
+        self, blockers: list[int], queue: str, flow: dict[str, Any], on_failure: str
+    ) -> Any:
+        queue = KEY_QUEUES.get(flow.get("concurrency_key", ""), queue)
+        blockers = [b for b in dict.fromkeys(blockers) if b in self.model.jobs]
+        if not blockers:
+            return multiple()
+        outcome = self.store.enqueue(
+            JobSpec(
+                "tests.tasks.noop",
+                queue=queue,
+                max_attempts=2,
+                after=blockers,
+                on_blocker_failure=on_failure,
+                **flow,
+            )
+        )
+        job = self.add_job(outcome.id, queue, 0, 2, **flow)
+        job.after = blockers
+        job.on_failure = on_failure
+        job.status = JobStatus.BLOCKED
+        failed = [b for b in blockers if self.model.jobs[b].status in FAILED]
+        if on_failure == "cancel" and failed:
+            # Cancelled at once, by (the edge to) the first failed blocker it names.
+            job.status = JobStatus.CANCELLED
+            job.cancelled_via = {failed[0]}
+        elif all(self.model.settled_for(self.model.jobs[b], job) for b in blockers):
+            job.status = JobStatus.PENDING
+        assert outcome.snapshot.status == job.status
+        return job.id
+
+    # ------------------------------------------------------------------ workers
+    @precondition(lambda self: any(j.status == JobStatus.PENDING for j in self.model.jobs.values()))
+    @rule(
+        target=leases,
+        worker=st.sampled_from(WORKERS),
+        queues=st.sampled_from((("default",), ("emails",), QUEUES)),
+        per_queue=st.integers(1, 3),
+    )
+    def claim(self, worker: str, queues: tuple[str, ...], per_queue: int) -> Any:
+        claimed = self.store.claim(
+            worker, list(queues), per_queue=per_queue, lease_seconds=LEASE_SECONDS
+        )
+        self.check_claim(claimed, queues, per_queue, exact=True)
+        self.take(claimed, worker)
         return multiple(*(job.lease for job in claimed))
+
+    @precondition(lambda self: any(j.status == JobStatus.PENDING for j in self.model.jobs.values()))
+    @rule(target=leases, worker=st.sampled_from(WORKERS), per_queue=st.integers(1, 3))
+    def plain_round(self, worker: str, per_queue: int) -> Any:
+        """A worker's round with the plain claim: only ever claimable jobs."""
+        claimed = self.store.claim_round(
+            worker, list(QUEUES), per_queue=per_queue, lease_seconds=LEASE_SECONDS, plain=True
+        ).jobs
+        self.check_claim(claimed, QUEUES, per_queue, exact=False)
+        self.take(claimed, worker)
+        return multiple(*(job.lease for job in claimed))
+
+    @rule(per_queue=st.integers(1, 3))
+    def claims_at_once(self, per_queue: int) -> None:
+        """Two workers claim at the same instant on two connections: never the same job.
+
+        Which worker gets which job (and, with SKIP LOCKED, which jobs at all) is up to
+        the race, so the race runs on jobs of its own (queue "race": plain ones, a
+        partition, a key with a limit of 2), which are finished and discarded after:
+        the model, and what later rules draw, stay the same whoever won.
+        """
+        specs = [JobSpec("tests.tasks.noop", queue="race") for _ in range(3)]
+        specs += [JobSpec("tests.tasks.noop", queue="race", partition_key="rp") for _ in range(3)]
+        specs += [
+            JobSpec("tests.tasks.noop", queue="race", concurrency_key="rk", concurrency_limit=2)
+            for _ in range(3)
+        ]
+        ids = [outcome.id for outcome in self.store.enqueue_many(specs)]
+        barrier = threading.Barrier(2)
+        found: dict[str, list[Any]] = {}
+        errors: list[BaseException] = []
+        threads = [
+            threading.Thread(
+                target=_claim_at_once,
+                args=(store, worker, per_queue, barrier),
+                kwargs={"found": found, "errors": errors},
+            )
+            for store, worker in ((self.store, "w1"), (self.second, "w2"))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not errors, errors
+        first, second = found["w1"], found["w2"]
+        assert not {job.id for job in first} & {job.id for job in second}
+        both = first + second
+        assert {job.id for job in both} <= set(ids)
+        assert sum(1 for job in both if job.partition_key == "rp") <= 1
+        assert sum(1 for job in both if job.concurrency_key == "rk") <= 2
+        assert len(first) <= per_queue
+        assert len(second) <= per_queue
+        for worker, claimed in (("w1", first), ("w2", second)):
+            self.store.complete_many_if_leased(worker, [(job.lease, "null") for job in claimed])
+        self.store.cancel(ids)
+        assert set(self.store.discard(ids).done) == set(ids)
+        self.checked["claims at once never overlapped"] += 1
 
     @rule(lease=leases, batched=st.booleans())
     def complete(self, lease: Lease, batched: bool) -> None:
         # A lease that ran out but was not reaped yet is still held: writes are fenced by
-        # lease generation and worker, not by the clock (reaping is what takes a job away).
+        # lease generation and worker, not by the clock.
         if not self.is_current(lease):
+            job = self.model.jobs.get(lease.job_id)
+            if job is None:
+                return
             if batched:
                 before = self.db_rows()
-                done = self.store.complete_many_if_leased(lease.worker_id, [(lease, '"stale"')])
-                # A batch sent again (its answer lost with the connection) is done when the
-                # job succeeded under this very lease; any other stale lease is lost.
-                resent = self.model[lease.job_id].succeeded_under == lease
-                assert done == ({lease.job_id} if resent else set())
+                done = self.store.complete_many_outcomes(lease.worker_id, [(lease, '"stale"')])
+                # Sent again after its answer was lost: done, as that first write left it.
+                resent = job.finished_under == lease and job.status in (
+                    JobStatus.SUCCEEDED,
+                    JobStatus.CANCELLED,
+                )
+                assert set(done) == ({lease.job_id} if resent else set())
                 assert self.db_rows() == before
-                self.checked[
-                    "resent completion was done" if resent else "stale lease changed nothing"
-                ] += 1
             else:
                 self.expect_lease_lost(
                     lease, lambda: self.store.complete_if_leased(lease, '"stale"')
                 )
             return
+        job = self.model.jobs[lease.job_id]
         if batched:
-            assert self.store.complete_many_if_leased(lease.worker_id, [(lease, "1")]) == {
-                lease.job_id
-            }
+            done = self.store.complete_many_outcomes(lease.worker_id, [(lease, "1")])
+            expected = JobStatus.CANCELLED if job.cancel_requested else JobStatus.SUCCEEDED
+            assert done == {lease.job_id: expected}
+        elif job.cancel_requested:
+            # An atomic task's completion is refused (its writes roll back); the worker
+            # then records the cancel as a failure of the attempt.
+            with pytest.raises(LeaseLost):
+                self.store.complete_if_leased(lease, "1")
+            self.store.fail_if_leased(
+                lease, Failure("JobCancelled", "stopped", permanent=True), POLICY
+            )
         else:
             self.store.complete_if_leased(lease, "1")
-        job = self.model[lease.job_id]
-        job.status = JobStatus.SUCCEEDED
-        job.lease = None
-        job.succeeded_under = lease
-        self.settle(job)
+        job.finished_under = lease
+        self.model.end_attempt(job, JobStatus.SUCCEEDED)
 
     @rule(lease=leases, permanent=st.booleans())
     def fail(self, lease: Lease, permanent: bool) -> None:
         failure = Failure("ValueError", "boom", permanent=permanent)
         if not self.is_current(lease):
-            self.expect_lease_lost(lease, lambda: self.store.fail_if_leased(lease, failure, POLICY))
+            if lease.job_id in self.model.jobs:
+                self.expect_lease_lost(
+                    lease, lambda: self.store.fail_if_leased(lease, failure, POLICY)
+                )
             return
         outcome = self.store.fail_if_leased(lease, failure, POLICY)
-        job = self.model[lease.job_id]
-        job.lease = None
+        job = self.model.jobs[lease.job_id]
+        if job.cancel_requested:
+            job.finished_under = lease  # ended cancelled under it, like a completion
         if permanent or job.attempts >= job.max_attempts:
-            job.status = JobStatus.DEAD_LETTER
-            job.permanent_failure = permanent
-            self.settle(job)
+            self.model.end_attempt(job, JobStatus.DEAD_LETTER)
         else:
-            job.status = JobStatus.PENDING
-            job.ready_at = self.now + BACKOFF
+            self.model.end_attempt(job, JobStatus.PENDING, ready_at=self.now + BACKOFF)
         assert outcome.status == job.status, f"job {job.id}: fail gave {outcome}, model {job}"
-        assert outcome.attempts == job.attempts
+
+    @rule(lease=leases)
+    def time_out(self, lease: Lease) -> None:
+        """The handler runs past its timeout: it keeps its lease until it returns."""
+        if self.is_current(lease):
+            self.model.jobs[lease.job_id].overdue = True
+            self.checked["overdue handler kept its lease"] += 1
 
     @rule(lease=leases, batched=st.booleans())
     def extend(self, lease: Lease, batched: bool) -> None:
         if not self.is_current(lease):
-            if batched:
+            if batched and lease.job_id in self.model.jobs:
                 before = self.db_rows()
                 extension = self.store.extend_leases_if_leased(lease.worker_id, [lease], 300)
                 assert extension.held == set()
-                assert extension.busy == set()  # nothing holds a row lock here
+                assert extension.busy == set()
                 assert self.db_rows() == before
-                self.checked["stale lease changed nothing"] += 1
-            else:
+            elif lease.job_id in self.model.jobs:
                 self.expect_lease_lost(
                     lease, lambda: self.store.extend_lease_if_leased(lease, LEASE_SECONDS)
                 )
             return
-        if batched:
-            others = [
-                job.lease
-                for job in self.model.values()
-                if job.lease is not None
-                and job.lease.worker_id == lease.worker_id
-                and job.status == JobStatus.PROCESSING
-            ]
-            extension = self.store.extend_leases_if_leased(lease.worker_id, others, LEASE_SECONDS)
-            assert extension.held_ids == {other.job_id for other in others}
-            assert extension.busy == set()
-            for other in others:
-                self.model[other.job_id].lease_expires = self.now + LEASE_SECONDS
-        else:
-            self.store.extend_lease_if_leased(lease, LEASE_SECONDS)
-            self.model[lease.job_id].lease_expires = self.now + LEASE_SECONDS
+        mine = [
+            job.lease
+            for job in self.model.running()
+            if job.lease is not None and job.lease.worker_id == lease.worker_id
+        ]
+        extension = self.store.extend_leases_if_leased(lease.worker_id, mine, LEASE_SECONDS)
+        assert extension.held_ids == {other.job_id for other in mine}
+        # A cancel whose notice the worker missed is read here.
+        assert {job_id for job_id, _ in extension.cancelling} == {
+            other.job_id for other in mine if self.model.jobs[other.job_id].cancel_requested
+        }
+        for other in mine:
+            self.model.jobs[other.job_id].lease_expires = self.now + LEASE_SECONDS
 
     @rule(lease=leases, delay=st.sampled_from((0, 100)))
     def release(self, lease: Lease, delay: int) -> None:
         if not self.is_current(lease):
-            self.expect_lease_lost(
-                lease, lambda: self.store.release_if_leased(lease, delay_seconds=delay)
-            )
+            if lease.job_id in self.model.jobs:
+                self.expect_lease_lost(
+                    lease, lambda: self.store.release_if_leased(lease, delay_seconds=delay)
+                )
             return
         self.store.release_if_leased(lease, delay_seconds=delay)
-        job = self.model[lease.job_id]
-        job.status = JobStatus.PENDING
+        job = self.model.jobs[lease.job_id]
         job.attempts -= 1
-        job.lease = None
-        job.ready_at = self.now + delay
+        self.model.end_attempt(job, JobStatus.PENDING, ready_at=self.now + delay)
 
-    @precondition(
-        lambda self: any(job.status == JobStatus.PROCESSING for job in self.model.values())
-    )
+    @precondition(lambda self: self.model.running())
+    @rule(worker=st.sampled_from(WORKERS))
+    def hand_back(self, worker: str) -> None:
+        """Adaptive prefetch hands back the jobs a worker held but did not start."""
+        mine = [job for job in self.model.running() if job.lease and job.lease.worker_id == worker]
+        released = self.store.release_many_if_leased(
+            worker, [job.lease for job in mine if job.lease]
+        )
+        assert released == {job.id for job in mine}
+        for job in mine:
+            job.attempts -= 1
+            self.model.end_attempt(job, JobStatus.PENDING)
+
+    @precondition(lambda self: self.model.running())
     @rule()
     def reap(self) -> None:
         expired = {
             job.id
-            for job in self.model.values()
-            if job.status == JobStatus.PROCESSING
-            and job.lease_expires is not None
-            and job.lease_expires < self.now
+            for job in self.model.running()
+            if job.lease_expires is not None and job.lease_expires < self.now
         }
         reaped = self.store.reap_expired(policy=POLICY)
-        assert {r.job_id for r in reaped} == expired, (
-            f"reaped {sorted(r.job_id for r in reaped)}, expected {sorted(expired)}"
-        )
-        for job_id in expired:
-            job = self.model[job_id]
-            job.lease = None
+        assert {r.job_id for r in reaped} == expired
+        for job_id in sorted(expired):
+            job = self.model.jobs[job_id]
+            if job.cancel_requested:
+                job.finished_under = job.lease
             if job.attempts >= job.max_attempts:
-                job.status = JobStatus.DEAD_LETTER
-                self.settle(job)
+                self.model.end_attempt(job, JobStatus.DEAD_LETTER)
             else:
-                job.status = JobStatus.PENDING
-                job.ready_at = self.now + BACKOFF
-        self.checked["reap took exactly the expired leases"] += 1
+                self.model.end_attempt(job, JobStatus.PENDING, ready_at=self.now + BACKOFF)
 
-    @rule(job_id=jobs)
-    def operator_retry(self, job_id: int) -> None:
-        job = self.model[job_id]
-        result = self.store.retry([job_id])
-        if job.status in (JobStatus.DEAD_LETTER, JobStatus.CANCELLED):
-            assert result.done == (job_id,)
-            job.status = JobStatus.PENDING
+    # ------------------------------------------------------------------ operators
+    @rule(job_ids=st.lists(jobs, min_size=1, max_size=2), revive=st.booleans())
+    def retry(self, job_ids: list[int], revive: bool) -> None:
+        ids = sorted({i for i in job_ids if i in self.model.jobs})
+        if not ids:
+            return
+        eligible = [i for i in ids if self.model.jobs[i].status in FAILED]
+        outcomes = self.model.retry_outcomes(set(eligible))
+        result = self.store.retry(ids, revive_dependents=revive)
+        done = [i for i in eligible if outcomes[i] is not None]
+        assert result.done == tuple(done), (result, outcomes)
+        for job_id in done:
+            job = self.model.jobs[job_id]
+            job.status = outcomes[job_id]
             job.attempts = 0
             job.ready_at = self.now
-            job.permanent_failure = False
-        else:
-            assert result.done == (), f"retry of {job} did {result}"
+            job.coalesce = None
+            job.cancel_requested = False
+            job.finished_under = None  # the retry let go of the worker that ran it
+        if revive and done:
+            revived = self.model.revive(done)
+            self.checked["revived dependents"] += len(revived)
+
+    def failed_blockers(self) -> list[int]:
+        return sorted(
+            b
+            for job in self.model.jobs.values()
+            for b in job.cancelled_via
+            if job.status == JobStatus.CANCELLED
+            and b in self.model.jobs
+            and self.model.jobs[b].status in FAILED
+        )
+
+    @precondition(lambda self: self.failed_blockers())
+    @rule(pick=st.integers(0, 1000))
+    def retry_failed_blocker(self, pick: int) -> None:
+        """An operator retries a job whose failure cancelled others, reviving them."""
+        blockers = self.failed_blockers()
+        self.retry([blockers[pick % len(blockers)]], revive=True)
 
     @rule(job_id=jobs)
     def cancel(self, job_id: int) -> None:
-        job = self.model[job_id]
+        job = self.model.jobs.get(job_id)
+        if job is None:
+            return
         result = self.store.cancel([job_id])
-        if job.status in (JobStatus.PENDING, JobStatus.BLOCKED, JobStatus.PROCESSING):
-            # A running job too: its lease is revoked, so every later write by that
-            # lease is refused (the complete/fail/extend rules check it).
-            assert result.done == (job_id,)
+        if job.status in (JobStatus.PENDING, JobStatus.BLOCKED):
+            assert (result.done, result.running) == ((job_id,), ())
             job.status = JobStatus.CANCELLED
-            job.lease = None
-            job.lease_expires = None
-            self.settle(job)
+            self.model.settle(job)
+        elif job.status == JobStatus.PROCESSING:
+            # Asked to stop: it keeps its lease, slot and turn until its attempt ends.
+            assert (result.done, result.running) == ((job_id,), (job_id,))
+            job.cancel_requested = True
+            self.checked["cancelled a running job"] += 1
         else:
-            assert result.done == (), f"cancel of {job} did {result}"
+            assert result.done == ()
+
+    @precondition(lambda self: self.model.running())
+    @rule(pick=st.integers(0, 1000))
+    def cancel_running(self, pick: int) -> None:
+        """An operator cancels a running job (the bundle rarely hands one to cancel)."""
+        running = sorted(self.model.running(), key=lambda job: job.id)
+        self.cancel(running[pick % len(running)].id)
 
     @rule(job_id=jobs)
     def run_now(self, job_id: int) -> None:
-        job = self.model[job_id]
+        job = self.model.jobs.get(job_id)
+        if job is None:
+            return
         result = self.store.run_now([job_id])
         if job.status == JobStatus.PENDING and job.ready_at > self.now:
             assert result.done == (job_id,)
             job.ready_at = self.now
         else:
-            assert result.done == (), f"run_now of {job} (now={self.now}) did {result}"
+            assert result.done == ()
 
-    @precondition(lambda self: self.model)
+    @rule(queue=st.sampled_from(QUEUES), pause=st.booleans())
+    def pause_or_resume(self, queue: str, pause: bool) -> None:
+        if pause:
+            self.store.pause_queue(queue, paused_by="model", reason="")
+            self.model.paused.add(queue)
+        else:
+            self.store.resume_queue(queue)
+            self.model.paused.discard(queue)
+
+    @rule()
+    def prune(self) -> None:
+        """Housekeeping deletes every finished job (a retention of nothing)."""
+        self.store.prune_finished(retention_seconds=0, limit=1000)
+        self.store.prune_dead_letters(retention_seconds=0, limit=1000)
+        gone = [job.id for job in self.model.jobs.values() if job.status in FINISHED]
+        for job_id in gone:
+            del self.model.jobs[job_id]
+        self.checked["pruned finished jobs"] += len(gone)
+
+    @rule()
+    def fold_lazy_signals(self) -> None:
+        self.store.fold_lazy_signals()
+
+    @precondition(lambda self: self.model.jobs)
     @rule(seconds=st.sampled_from((100, 200, 1000)))
     def advance_clock(self, seconds: int) -> None:
-        # See the module docstring: rows move back in time instead of the clock forward.
-        self.conn.execute(
-            "UPDATE django_pgqueue_job SET "
-            "available_at = available_at - make_interval(secs => %(s)s), "
-            "lease_expires_at = lease_expires_at - make_interval(secs => %(s)s)",
-            {"s": seconds},
-        )
-        self.now += seconds
+        # See the module docstring: stored times move back instead of the clock forward.
+        self.conn.execute(SHIFT, {"s": seconds})
+        self.model.now += seconds
 
     # ------------------------------------------------------------------ invariants
     @invariant()
     def database_matches_model(self) -> None:
         rows = self.db_rows()
-        assert set(rows) == set(self.model)
-        processing: Counter[str] = Counter()
+        if TRACE:
+            with open(TRACE, "a") as trace:
+                trace.write(
+                    repr(sorted((r["status"], r["attempts"]) for r in rows.values())) + "\n"
+                )
+        assert set(rows) == set(self.model.jobs)
+        in_flight: Counter[str] = Counter()
+        partitions: Counter[str] = Counter()
         for job_id, row in rows.items():
-            model = self.model[job_id]
-            status = JobStatus(row["status"])  # exactly one known status
-            assert (status, row["attempts"]) == (model.status, model.attempts), (
-                f"job {job_id}: database has {status} attempt {row['attempts']}, "
-                f"model has {model.status} attempt {model.attempts} ({model})"
-            )
-            assert row["attempts"] <= row["max_attempts"], f"job {job_id}: {row}"
-            if status == JobStatus.DEAD_LETTER:
-                assert model.permanent_failure or row["attempts"] >= row["max_attempts"], (
-                    f"job {job_id} dead-lettered with attempts left and no permanent error"
-                )
-            if status == JobStatus.PENDING:
-                assert row["attempts"] < row["max_attempts"], (
-                    f"job {job_id} pending with its attempts used up: {row}"
-                )
-                assert row["ready"] == (model.ready_at <= self.now), (
-                    f"job {job_id}: ready in database {row['ready']}, model ready at "
-                    f"{model.ready_at} (now {self.now})"
-                )
+            model = self.model.jobs[job_id]
+            status = JobStatus(row["status"])
+            assert status == model.status, f"job {job_id}: db {status}, model {model}"
+            previous = self.seen_status.get(job_id)
+            if previous is not None and previous != status:
+                assert (previous, status) in ALLOWED_MOVES, f"job {job_id}: {previous} -> {status}"
+            self.seen_status[job_id] = status
+            assert row["attempts"] == model.attempts
             if status == JobStatus.PROCESSING:
+                assert row["cancel_requested"] == model.cancel_requested
                 assert model.lease is not None
                 assert row["lease_generation"] == model.lease.lease_generation
                 assert row["claimed_by"] == model.lease.worker_id
-                if row["partition_key"] is not None:
-                    processing[row["partition_key"]] += 1
-            previous = self.seen_status.get(job_id)
-            if previous is not None and previous != status:
-                assert (previous, status) in ALLOWED_MOVES, (
-                    f"job {job_id} moved {previous} -> {status}, not in states.TRANSITIONS"
-                )
-            self.seen_status[job_id] = status
-        busy = {key: count for key, count in processing.items() if count > 1}
-        assert not busy, f"partitions with more than one processing job: {busy}"
-        self.checked["database matches model"] += 1
+                if row["concurrency_key"]:
+                    in_flight[row["concurrency_key"]] += 1
+                if row["partition_key"]:
+                    partitions[row["partition_key"]] += 1
+            if status == JobStatus.PENDING and model.coalesce is None:
+                assert row["coalesce_key"] is None
+        for key, count in in_flight.items():
+            assert count <= self.model.limit_of(key), f"key {key}: {count} in flight"
+        assert all(count == 1 for count in partitions.values()), partitions
+        # One holder per coalesce key among pending jobs, as the unique index says.
+        holders = Counter(
+            row["coalesce_key"]
+            for row in rows.values()
+            if row["status"] == "pending" and row["coalesce_key"]
+        )
+        assert all(count == 1 for count in holders.values())
 
     def teardown(self) -> None:
-        CHECKED.update(self.checked)
+        """Drain: every job must be able to finish once operators stop interfering."""
+        try:
+            for queue in list(self.model.paused):
+                self.store.resume_queue(queue)
+            self.model.paused.clear()
+            # One partition or limited key finishes a job or so per round: enough rounds
+            # for every job, and a round that claims nothing ends it.
+            for _ in range(len(self.model.jobs) + 5):
+                for job in self.model.running():
+                    assert job.lease is not None
+                    self.store.complete_many_outcomes(job.lease.worker_id, [(job.lease, "null")])
+                    self.model.end_attempt(job, JobStatus.SUCCEEDED)
+                self.store.fold_lazy_signals()
+                self.conn.execute(SHIFT, {"s": 1000})
+                self.model.now += 1000
+                claimed = self.store.claim(
+                    "drain", list(QUEUES), per_queue=50, lease_seconds=LEASE_SECONDS
+                )
+                self.check_claim(claimed, QUEUES, 50, exact=True)
+                self.take(claimed, "drain")
+                if not claimed and not self.model.running():
+                    break
+            stuck = [job for job in self.model.jobs.values() if job.status not in FINISHED]
+            assert not stuck, f"jobs that could not finish: {stuck}"
+            rows = self.db_rows()
+            assert {JobStatus(row["status"]) for row in rows.values()} <= FINISHED
+        finally:
+            super().teardown()
 
 
-CHECKED: Counter[str] = Counter()
-# Bounded to run in well under a minute (a failure's shrinking takes longer); no example
-# database: each run explores afresh, and a failure prints the steps that reproduce it.
-MACHINE_SETTINGS = hypothesis_settings(
-    max_examples=100,
-    stateful_step_count=40,
-    deadline=None,
-    database=None,
-    # One failure, fully shrunk, is faster to get and to read than several.
-    report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-)
+def _claim_at_once(
+    store: QueueStore,
+    worker: str,
+    per_queue: int,
+    barrier: threading.Barrier,
+    *,
+    found: dict[str, list[Any]],
+    errors: list[BaseException],
+) -> None:
+    try:
+        barrier.wait(10)
+        found[worker] = store.claim(
+            worker, ["race"], per_queue=per_queue, lease_seconds=LEASE_SECONDS
+        )
+    except BaseException as error:
+        errors.append(error)
 
 
-def test_queue_state_machine_matches_its_model(store):
-    # (The claim of before migration 0004 failed this within a few dozen examples: a
-    # ready partition head hidden behind a scan window, found and shrunk by Hypothesis.)
+def test_every_feature_and_operator_action_together_matches_the_model(store, make_store):
     QueueMachine.store = store
-    CHECKED.clear()
-    run_state_machine_as_test(QueueMachine, settings=MACHINE_SETTINGS)
-    print("model test: checks made", dict(CHECKED))
+    QueueMachine.second = make_store()
+    checked: Counter[str] = Counter()
+
+    class Recording(QueueMachine):
+        def teardown(self) -> None:
+            checked.update(self.checked)
+            super().teardown()
+
+    run_state_machine_as_test(
+        Recording,
+        settings=hypothesis_settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=not os.environ.get("PGQUEUE_MODEL_EXAMPLES"),
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    print(dict(checked))
+    if os.environ.get("PGQUEUE_MODEL_EXAMPLES"):
+        return  # a longer random run: whatever it met, it checked
+    # The fixed run CI makes really met the features: each was exercised.
+    for what in (
+        "claim liveness and order",
+        "claims at once never overlapped",
+        "cancelled a running job",
+        "coalesced into the pending holder",
+        "revived dependents",
+        "pruned finished jobs",
+        "overdue handler kept its lease",
+    ):
+        assert checked[what], f"never exercised: {what}"
