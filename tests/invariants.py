@@ -129,6 +129,8 @@ class Evidence:
     ledger: list[dict[str, Any]]
     #: Job ids with a domain row (``tests_order``) written by an atomic task.
     orders: set[int]
+    #: The after= edges among the jobs: (dependent, blocker, policy).
+    edges: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +206,19 @@ def load_evidence(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> Evid
             for row in cursor.execute(
                 "SELECT id, task_path, queue, status, attempts, max_attempts, "
                 "lease_generation, partition_key, errors, result, kwargs, "
-                "concurrency_key, concurrency_limit, rate_limit, rate_period "
+                "concurrency_key, concurrency_limit, rate_limit, rate_period, finished_at "
                 "FROM django_pgqueue_job WHERE id = ANY(%s)",
                 [list(job_ids)],
             ).fetchall()
         }
+        edges = [
+            (row["job_id"], row["blocker_id"], row["on_failure"])
+            for row in cursor.execute(
+                "SELECT job_id, blocker_id, on_failure FROM django_pgqueue_dependency "
+                "WHERE job_id = ANY(%s) ORDER BY job_id, position",
+                [list(job_ids)],
+            ).fetchall()
+        ]
         ledger = cursor.execute(
             "SELECT id, job_id, event, attempt, lease_generation, worker_pid, label, at "
             "FROM tests_ledgerentry ORDER BY at, id"
@@ -220,7 +230,7 @@ def load_evidence(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> Evid
                 import json
 
                 row[column] = json.loads(row[column])
-    return Evidence(jobs, list(job_ids), ledger, orders)
+    return Evidence(jobs, list(job_ids), ledger, orders, edges)
 
 
 #: How long after a process was killed the server may still run a statement it sent.
@@ -278,11 +288,20 @@ def check(
     exits: Sequence[ProcessExit] = (),
     lease_seconds: float,
     atomic_label: str = "atomic",
+    operated: Iterable[int] = (),
 ) -> Report:
-    """Check every invariant; return the report (call ``assert_ok`` on it)."""
+    """Check every invariant; return the report (call ``assert_ok`` on it).
+
+    ``operated``: jobs an operator cancelled or retried during the run. A retry resets a
+    job's attempts and runs it again after it finished (and after younger jobs of its
+    partition ran meanwhile), and revives what it cancelled, so those jobs, and every job
+    that runs after them, are spared the attempt-numbering, re-run and order checks. The
+    safety checks (no overlap, limits, dependents after their blockers) spare nothing.
+    """
     report = Report()
     runs = executions(evidence, exits)
     margin = dt.timedelta(seconds=lease_seconds)
+    spared = _with_dependents(set(operated), evidence.edges)
 
     def excuse(stale: Execution, later: dt.datetime) -> Fault | None:
         for fault in faults:
@@ -383,70 +402,74 @@ def check(
                 job_id,
                 f"attempts {job['attempts']} > max_attempts {job['max_attempts']}",
             )
+        # A job an operator retried counts its attempts anew, and may run again after a
+        # success: it is spared these two checks (the safety checks below still apply).
         report.checks["every attempt recorded"] += 1
-        highest = max((run.attempt for run in started), default=0)
-        if highest > job["attempts"]:
-            violate(
-                "every attempt recorded",
-                job_id,
-                f"a handler ran attempt {highest} but the row counts {job['attempts']} attempts",
-            )
-        by_attempt: dict[int, list[Execution]] = defaultdict(list)
-        for run in started:
-            by_attempt[run.attempt].append(run)
-        for attempt, same in sorted(by_attempt.items()):
-            if len(same) > 1:
+        if job_id not in spared:
+            highest = max((run.attempt for run in started), default=0)
+            if highest > job["attempts"]:
                 violate(
                     "every attempt recorded",
                     job_id,
-                    f"{len(same)} executions ran as attempt {attempt}: an attempt whose "
-                    "handler ran was given back (refunded) instead of counted",
-                    *(line for run in same for line in (run.describe(), *crashes_after(run))),
-                    cause=min((cause_of(run) for run in same), key=_cause_rank),
+                    f"a handler ran attempt {highest} but the row counts "
+                    f"{job['attempts']} attempts",
                 )
-        numbers = [error.get("attempt") for error in job["errors"]]
-        if status in TERMINAL and status != "cancelled":
-            failed = job["attempts"] - (1 if status == "succeeded" else 0)
-            if numbers != list(range(1, failed + 1)):
-                violate(
-                    "every attempt recorded",
-                    job_id,
-                    f"{status} after {job['attempts']} attempts, so attempts 1..{failed} "
-                    f"should each have one error entry; errors has attempts {numbers}",
-                )
+            by_attempt: dict[int, list[Execution]] = defaultdict(list)
+            for run in started:
+                by_attempt[run.attempt].append(run)
+            for attempt, same in sorted(by_attempt.items()):
+                if len(same) > 1:
+                    violate(
+                        "every attempt recorded",
+                        job_id,
+                        f"{len(same)} executions ran as attempt {attempt}: an attempt whose "
+                        "handler ran was given back (refunded) instead of counted",
+                        *(line for run in same for line in (run.describe(), *crashes_after(run))),
+                        cause=min((cause_of(run) for run in same), key=_cause_rank),
+                    )
+            numbers = [error.get("attempt") for error in job["errors"]]
+            if status in TERMINAL and status != "cancelled":
+                failed = job["attempts"] - (1 if status == "succeeded" else 0)
+                if numbers != list(range(1, failed + 1)):
+                    violate(
+                        "every attempt recorded",
+                        job_id,
+                        f"{status} after {job['attempts']} attempts, so attempts 1..{failed} "
+                        f"should each have one error entry; errors has attempts {numbers}",
+                    )
 
-        # ---- no re-run after a success
-        report.checks["no job re-run after its handler succeeded"] += 1
-        successes = [run for run in job_runs if run.succeeded]
-        for first in successes[:1]:
-            for later in started:
-                if later.start <= first.until or later is first:
-                    continue
-                # Which lease was lost: the successful one (its outcome never recorded, so
-                # the job was claimed again), or, when the later start holds an older
-                # lease, that one, whose handler started late. The rule is the overlap
-                # check's: a fault on that lease's process, from one lease before its
-                # start.
-                stale = later if later.lease_generation < first.lease_generation else first
-                fault = excuse(stale, later.start)
-                if fault is not None:
-                    report.excused[f"re-run after success, {fault.kind}"] += 1
-                    continue
-                violate(
-                    "no job re-run after its handler succeeded",
-                    job_id,
-                    "its handler returned successfully, then the job ran again with no "
-                    + (
-                        "injected fault on the first execution's process"
-                        if stale is first
-                        else "injected fault on the process of the later start's (older) lease"
-                    ),
-                    first.describe(),
-                    *crashes_after(first),
-                    later.describe(),
-                    cause=cause_of(stale),
-                )
-                break
+            # ---- no re-run after a success
+            report.checks["no job re-run after its handler succeeded"] += 1
+            successes = [run for run in job_runs if run.succeeded]
+            for first in successes[:1]:
+                for later in started:
+                    if later.start <= first.until or later is first:
+                        continue
+                    # Which lease was lost: the successful one (its outcome never recorded, so
+                    # the job was claimed again), or, when the later start holds an older
+                    # lease, that one, whose handler started late. The rule is the overlap
+                    # check's: a fault on that lease's process, from one lease before its
+                    # start.
+                    stale = later if later.lease_generation < first.lease_generation else first
+                    fault = excuse(stale, later.start)
+                    if fault is not None:
+                        report.excused[f"re-run after success, {fault.kind}"] += 1
+                        continue
+                    violate(
+                        "no job re-run after its handler succeeded",
+                        job_id,
+                        "its handler returned successfully, then the job ran again with no "
+                        + (
+                            "injected fault on the first execution's process"
+                            if stale is first
+                            else "injected fault on the process of the later start's (older) lease"
+                        ),
+                        first.describe(),
+                        *crashes_after(first),
+                        later.describe(),
+                        cause=cause_of(stale),
+                    )
+                    break
 
         # ---- the result is the one a recorded execution returned
         if (
@@ -540,7 +563,9 @@ def check(
         report.checks["partition order kept (first starts in id order)"] += 1
         first_starts: dict[int, dt.datetime] = {}
         for run in partition_runs:
-            first_starts.setdefault(run.job_id, run.start)
+            # An operator's retry puts a finished job back in line, after younger ones.
+            if run.job_id not in spared:
+                first_starts.setdefault(run.job_id, run.start)
         order = sorted(first_starts, key=lambda job_id: first_starts[job_id])
         for earlier, later in itertools.pairwise(order):
             if earlier > later:
@@ -613,6 +638,51 @@ def check(
                     )
                     break
 
+    # ---- dependents: run only once their blockers finished; never after a failure
+    # cancelled them (policy "cancel"); settled at the end (the terminal check above)
+    blockers_of: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for dependent, blocker, policy in evidence.edges:
+        blockers_of[dependent].append((blocker, policy))
+    for dependent, blockers in sorted(blockers_of.items()):
+        job = evidence.jobs.get(dependent)
+        if job is None:
+            continue
+        report.checks["a dependent runs only after its blockers finished"] += 1
+        starts = [
+            run.start
+            for run in runs.get(dependent, [])
+            if any(e["event"] == "start" for e in run.entries)
+        ]
+        if not starts:
+            continue
+        first = min(starts)
+        for blocker_id, policy in blockers:
+            blocker = evidence.jobs.get(blocker_id)
+            if blocker is None or blocker_id in spared:
+                continue
+            ended = _finished_at(blocker, runs.get(blocker_id, []))
+            if ended is None or ended > first:
+                when = "had not finished" if ended is None else f"finished at {ended.isoformat()}"
+                violate(
+                    "a dependent runs only after its blockers finished",
+                    dependent,
+                    f"it started at {first.isoformat()}, but job {blocker_id}, which it runs "
+                    f"after, {when}",
+                    *job_lines(blocker_id),
+                )
+            elif (
+                policy == "cancel"
+                and blocker["status"] in ("dead_letter", "cancelled")
+                and dependent not in spared
+            ):
+                violate(
+                    "a dependent runs only after its blockers finished",
+                    dependent,
+                    f"it ran although job {blocker_id}, which it runs after with policy "
+                    f"'cancel', ended {blocker['status']}",
+                    *job_lines(blocker_id),
+                )
+
     # ---- every execution ended
     for job_runs in runs.values():
         for run in job_runs:
@@ -624,6 +694,36 @@ def check(
                     f"no end recorded and its process was not killed: {run.describe()}",
                 )
     return report
+
+
+def _with_dependents(job_ids: set[int], edges: Sequence[tuple[int, int, str]]) -> set[int]:
+    """Return ``job_ids`` and every job that runs after one of them, transitively."""
+    after: dict[int, list[int]] = defaultdict(list)
+    for dependent, blocker, _ in edges:
+        after[blocker].append(dependent)
+    found = set(job_ids)
+    frontier = list(job_ids)
+    while frontier:
+        for dependent in after.get(frontier.pop(), []):
+            if dependent not in found:
+                found.add(dependent)
+                frontier.append(dependent)
+    return found
+
+
+def _finished_at(job: dict[str, Any], job_runs: Sequence[Execution]) -> dt.datetime | None:
+    """Return when a blocker finished, as far as its dependents are concerned.
+
+    A success: the end of the execution that returned it (the row's finish is recorded a
+    moment later, and its dependents may start in that transaction). Otherwise the row's
+    finish time, or None if it is not finished.
+    """
+    if job["status"] == "succeeded":
+        ends = [run.end for run in job_runs if run.succeeded and run.end is not None]
+        return min(ends) if ends else job["finished_at"]
+    if job["status"] in TERMINAL:
+        return job["finished_at"]
+    return None
 
 
 def _cause_rank(cause: str) -> int:

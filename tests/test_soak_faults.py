@@ -4,11 +4,18 @@ Thousands of jobs — short plain jobs, partitioned and not, mixed priorities; j
 their first attempt; sync jobs that overrun their timeout in a sleep nothing can stop;
 atomic jobs that record steps and hold their transaction open for up to longer than a
 lease (issue 19's shape); poison jobs whose messages or results hold NUL or lone
-surrogates — run on two standalone workers and a ``--processes 2`` supervisor, while the
-test pauses worker processes (SIGSTOP/SIGCONT, sometimes longer than a lease), kills them
-(SIGKILL), terminates their connections (``pg_terminate_backend``) and restarts the suite's
-own embedded PostgreSQL once. The tasks write an execution ledger; at the end
-:mod:`tests.invariants` checks it against the job rows and the record of the faults.
+surrogates; jobs under concurrency and rate limits; coalesced jobs (several enqueues per
+key); dependents (after= one to three jobs, chains of them, some in a partition or under
+a limit, either failure policy) — run on two standalone workers and a ``--processes 2``
+supervisor, while the test pauses worker processes (SIGSTOP/SIGCONT, sometimes longer
+than a lease), kills them (SIGKILL), terminates their connections
+(``pg_terminate_backend``), restarts the suite's own embedded PostgreSQL once, and acts
+as an operator: it cancels running jobs (limited and partitioned ones first) and retries
+dead letters and cancelled jobs, sometimes reviving their dependents. The tasks write an
+execution ledger; at the end :mod:`tests.invariants` checks it against the job rows, the
+dependencies and the record of the faults and operator actions: besides no overlap and
+per-partition order, a limit is never exceeded (a cancelled handler keeps its slot until
+it returns), dependents run only after their blockers finished, and nothing is stuck.
 
 It also samples ``pg_stat_activity`` for worker connections waiting on a lock and prints the
 longest wait per connection kind.
@@ -76,6 +83,10 @@ WORKER_SETTINGS = {
     "RETRY_JITTER": 0,
 }
 POISON = ("nul-message", "surrogate-message", "surrogate-result", "nul-result")
+#: Coalesced enqueues (a few keys, so many of them meet a pending holder) and dependents.
+COALESCED = JOBS // 25
+COALESCE_KEYS = 12
+DEPENDENTS = JOBS // 20
 
 
 def workload(rng: random.Random) -> list[tuple[str, JobSpec]]:
@@ -134,6 +145,66 @@ def workload(rng: random.Random) -> list[tuple[str, JobSpec]]:
     return jobs
 
 
+def coalesced(rng: random.Random) -> list[tuple[str, JobSpec]]:
+    """Return enqueues that share a few coalesce keys (some of them in a partition)."""
+    return [
+        (
+            "coalesced",
+            JobSpec(
+                "tests.tasks.soak_plain",
+                queue=rng.choice(("default", "emails")),
+                kwargs={"kind": "coalesced", "seconds": rng.choice((0, 0.01))},
+                coalesce_key=f"doc:{rng.randrange(COALESCE_KEYS)}",
+                partition_key=rng.choice((None, None, f"p{rng.randrange(PARTITIONS)}")),
+            ),
+        )
+        for _ in range(COALESCED)
+    ]
+
+
+def dependent(rng: random.Random, pool: list[int]) -> tuple[str, JobSpec]:
+    """Return a job after one to three jobs of ``pool`` (chains: pool grows with them)."""
+    limits: dict[str, Any] = {}
+    roll = rng.random()
+    if roll < 0.3:
+        limits = {"partition_key": f"p{rng.randrange(PARTITIONS)}"}
+    elif roll < 0.45:
+        limits = {"concurrency_key": f"tenant{rng.randrange(4)}", "concurrency_limit": 2}
+    return (
+        "dependent",
+        JobSpec(
+            "tests.tasks.soak_plain",
+            queue=rng.choice(("default", "emails")),
+            kwargs={"kind": "dependent", "seconds": rng.choice((0, 0.01, 0.05))},
+            after=rng.sample(pool, rng.randint(1, 3)),
+            on_blocker_failure=rng.choice(("cancel", "cancel", "run")),
+            **limits,
+        ),
+    )
+
+
+def act_as_operator(rng: random.Random, db: Database, ours: list[int], operated: set[int]) -> None:
+    """Cancel a running job (a limited or partitioned one first), or retry a finished one."""
+    store = QueueStore(PsycopgRunner(db.conn, "default"))
+    if rng.random() < 0.5:
+        rows = db.execute(
+            "SELECT id FROM django_pgqueue_job WHERE status = 'processing' AND id = ANY(%s) "
+            "ORDER BY (concurrency_key IS NULL AND partition_key IS NULL), random() LIMIT 1",
+            [ours],
+        )
+        if rows:
+            operated.update(store.cancel([rows[0][0]], reason="soak operator").done)
+        return
+    rows = db.execute(
+        "SELECT id FROM django_pgqueue_job WHERE status IN ('dead_letter', 'cancelled') "
+        "AND id = ANY(%s) ORDER BY random() LIMIT 1",
+        [ours],
+    )
+    if rows:
+        revive = rng.random() < 0.5
+        operated.update(store.retry([rows[0][0]], revive_dependents=revive).done)
+
+
 def test_execution_safety_under_injected_faults(db_url):
     seed = int(os.environ.get("PGQUEUE_SOAK_SEED") or random.SystemRandom().randrange(1_000_000))
     print(f"\nsoak seed {seed} (PGQUEUE_SOAK_SEED={seed} replays workload and fault schedule)")
@@ -178,6 +249,26 @@ def test_execution_safety_under_injected_faults(db_url):
     # Two thirds at once; the rest arrives while the workers run (wake-ups, fresh heads).
     later = [numbered[len(jobs) * 2 // 3 :][i::2] for i in range(2)]
     enqueue(numbered[: len(jobs) * 2 // 3])
+    # Coalesced jobs and dependents before the faults begin: neither can carry the
+    # idempotency key that makes a producer's retry after a cut connection safe.
+    store = QueueStore(PsycopgRunner(db.conn, "default"))
+    coalescing = coalesced(rng)
+    # A third now; the rest while the workers run, so that some meet a job of their key
+    # that already started (and, retried, comes back beside its twin).
+    for kind, spec in coalescing[: len(coalescing) // 3]:
+        kind_of[store.enqueue(spec).id] = kind
+    coalescing = coalescing[len(coalescing) // 3 :]
+    pool = sorted(kind_of)
+    for _ in range(DEPENDENTS):
+        kind, spec = dependent(rng, pool)
+        job_id = store.enqueue(spec).id
+        kind_of[job_id] = kind
+        pool.append(job_id)
+    kinds.update(kind for kind in kind_of.values() if kind in ("coalesced", "dependent"))
+    made = kinds["coalesced"]
+    print(f"soak: {COALESCED} coalesced enqueues made {made} jobs; {DEPENDENTS} dependents")
+    operated: set[int] = set()
+    next_operator = 0.0
 
     fleet = WorkerFleet(db_url, WORKER_ARGS, WORKER_SETTINGS, standalone=2, supervised=2)
     sampler = LockWaitSampler(db_url)
@@ -199,7 +290,7 @@ def test_execution_safety_under_injected_faults(db_url):
                 "SELECT count(*) FROM django_pgqueue_job "
                 "WHERE status IN ('succeeded', 'dead_letter', 'cancelled')"
             )[0][0]
-            if finished == len(jobs) and not later:
+            if finished >= len(kind_of) and not later and not coalescing:
                 break
             if finished != progress[0]:
                 progress = (finished, time.monotonic())
@@ -207,6 +298,20 @@ def test_execution_safety_under_injected_faults(db_url):
             if not faults_on and time.monotonic() - progress[1] > STALL_SECONDS:
                 print(f"soak: no job finished for {STALL_SECONDS:.0f}s after the faults ended")
                 break
+            if faults_on and time.monotonic() >= next_operator:
+                next_operator = time.monotonic() + rng.uniform(0.15, 0.5)
+                try:
+                    act_as_operator(rng, db, sorted(kind_of), operated)
+                    # A few coalesced enqueues (a cut connection loses at most a
+                    # coalesced duplicate: the job it made still runs and is checked
+                    # once found below).
+                    for kind, spec in coalescing[:4]:
+                        kind_of[QueueStore(PsycopgRunner(db.conn, "default")).enqueue(spec).id] = (
+                            kind
+                        )
+                    coalescing = coalescing[4:]
+                except psycopg.OperationalError:
+                    db.close()  # the server restarted under it: next time
             if not faults_on or time.monotonic() < next_fault:
                 continue
             next_fault = time.monotonic() + rng.uniform(0.8, 2.5)
@@ -237,15 +342,27 @@ def test_execution_safety_under_injected_faults(db_url):
         fleet.stop()
         sampler.stop()
     took = time.monotonic() - started
+    # A coalesced enqueue whose answer a fault cut off still made its job: find them all.
+    for (job_id,) in db.execute(
+        "SELECT id FROM django_pgqueue_job WHERE kwargs ->> 'kind' = 'coalesced'"
+    ):
+        kind_of.setdefault(job_id, "coalesced")
     evidence = invariants.load_evidence(db.conn, sorted(kind_of))
     report = invariants.check(
-        evidence, faults=fleet.faults, exits=fleet.exits, lease_seconds=LEASE_SECONDS
+        evidence,
+        faults=fleet.faults,
+        exits=fleet.exits,
+        lease_seconds=LEASE_SECONDS,
+        operated=operated,
     )
     statuses = Counter(job["status"] for job in evidence.jobs.values())
     by_kind: dict[str, Counter[str]] = {}
     for job_id, job in evidence.jobs.items():
         by_kind.setdefault(kind_of[job_id], Counter())[job["status"]] += 1
-    print(f"soak: ran {took:.1f}s; {finished}/{len(jobs)} jobs terminal; statuses {dict(statuses)}")
+    print(f"soak: operator actions touched {len(operated)} jobs")
+    print(
+        f"soak: ran {took:.1f}s; {finished}/{len(kind_of)} jobs terminal; statuses {dict(statuses)}"
+    )
     for kind, counts in sorted(by_kind.items()):
         print(f"  {kind}: {dict(counts)}")
     print(f"soak: faults injected: {dict(sorted(fleet.counts.items()))}")
