@@ -257,7 +257,7 @@ def test_completion_batches_sharing_dependents_never_deadlock(make_store):
     # Each batch completes its blockers in its own order; every dependent waits for
     # blockers of every batch. A deadlock raises DeadlockDetected in one of them.
     stores = [make_store() for _ in range(4)]
-    for round_ in range(6):
+    for round_ in range(12):
         blockers = [stores[0].enqueue(JobSpec("tests.tasks.noop")).id for _ in range(40)]
         # Fan-in: every dependent waits for blockers spread over all the batches.
         for start in range(10):
@@ -266,7 +266,12 @@ def test_completion_batches_sharing_dependents_never_deadlock(make_store):
             )
         leases = [job.lease for job in _claim(stores[0], limit=100)]
         assert len(leases) == 40
-        batches = [leases[index::4] for index in range(4)]
+        # Each batch completes its blockers in its own order (two ascending, two
+        # descending): their settling triggers reach shared dependents in crossing orders.
+        batches = [
+            leases[index::4] if index % 2 else list(reversed(leases[index::4]))
+            for index in range(4)
+        ]
         barrier = threading.Barrier(4)
         errors: list[BaseException] = []
         threads = [
@@ -285,6 +290,6 @@ def test_completion_batches_sharing_dependents_never_deadlock(make_store):
 def _complete_at_once(store, batch, barrier: threading.Barrier, errors: list) -> None:
     try:
         barrier.wait(10)
-        store.complete_many_if_leased("w", [(lease, "null") for lease in reversed(batch)])
+        store.complete_many_if_leased("w", [(lease, "null") for lease in batch])
     except BaseException as error:
         errors.append(error)
