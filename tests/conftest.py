@@ -115,6 +115,7 @@ SERVER_SIDE = frozenset(
         "test_migration_interrupted.py",
         "test_module_sets.py",
         "test_outcome_storage.py",
+        "test_packaging.py",
         "test_partition_claim_cost.py",
         "test_partition_liveness.py",
         "test_partition_ring.py",
