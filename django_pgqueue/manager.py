@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import connections, models
 
 from .coalescing import check_coalescing
 from .conf import conf
@@ -34,7 +34,7 @@ from .enqueueing import (
     validated_calls,
     validated_many,
 )
-from .exceptions import InvalidOption, LeaseLost, UnknownDependency
+from .exceptions import InvalidOption, LeaseLost, NotPostgreSQL, UnknownDependency
 from .limits import JOB_ID_MAX, JOB_ID_MIN
 from .notices import lease_channel
 from .payload import check_text
@@ -1234,8 +1234,16 @@ class JobManager(models.Manager["Job"]):
     """``Job.objects``: read jobs with the ORM, change them only through these methods."""
 
     def store(self, using: str | None = None) -> QueueStore:
-        """Return a :class:`QueueStore` on the Django connection for ``using``."""
-        return QueueStore(DjangoRunner(using or self.db))
+        """Return a :class:`QueueStore` on the Django connection for ``using``.
+
+        Raises :class:`~django_pgqueue.exceptions.NotPostgreSQL` if that database is not
+        PostgreSQL (its statements would fail with a syntax error naming nothing).
+        """
+        alias = using or self.db
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            raise NotPostgreSQL(alias, vendor, f"DATABASES[{alias!r}]['ENGINE']")
+        return QueueStore(DjangoRunner(alias))
 
     def enqueue(
         self,

@@ -60,6 +60,7 @@ DJANGO_SURFACE = frozenset(
         "test_metrics_view.py",
         "test_migrations.py",
         "test_not_migrated.py",
+        "test_not_postgresql.py",
         "test_operator.py",
         "test_payload.py",
         "test_schedule_checks.py",
