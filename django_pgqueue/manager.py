@@ -68,6 +68,8 @@ from .values import (
     QueueWorkers,
     ReapedJob,
     ScheduleDefinition,
+    StuckKind,
+    StuckWork,
     TableHealth,
     WorkerHeartbeat,
     WorkerLoad,
@@ -1000,6 +1002,29 @@ class QueueStore:
             return {}
         rows = self._run("jobs_in_flight", worker_ids=list(worker_ids)).dicts()
         return {row["worker_id"]: WorkerLoad(**row) for row in rows}
+
+    def stuck_work(
+        self,
+        queues: Sequence[str],
+        *,
+        timeout_seconds: float,
+        count_limit: int = 10_000,
+        row_limit: int = 20,
+    ) -> list[StuckWork]:
+        """Return what is stuck: expired leases, silent workers, unserved queues, full keys.
+
+        ``queues`` are the queues to look at for a live worker; a worker counts as live
+        while it heartbeated within ``timeout_seconds``. At most ``row_limit`` of each
+        kind, the longest stuck first; job counts stop at ``count_limit``.
+        """
+        rows = self._run(
+            "stuck_work",
+            queues=list(queues),
+            timeout_seconds=timeout_seconds,
+            count_limit=count_limit,
+            row_limit=row_limit,
+        ).dicts()
+        return [StuckWork(**{**row, "kind": StuckKind(row["kind"])}) for row in rows]
 
     # ------------------------------------------------------------------ metrics (read-only)
     # sql/metrics.sql: what django_pgqueue.metrics adds to the admin's queries.

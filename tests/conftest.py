@@ -46,6 +46,7 @@ DJANGO_SURFACE = frozenset(
         "test_admin_pauses.py",
         "test_admin_permissions.py",
         "test_admin_schedules.py",
+        "test_admin_stuck.py",
         "test_admin_unknown_tasks.py",
         "test_admin_workers.py",
         "test_argument_fidelity.py",

@@ -38,6 +38,7 @@ from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
 from .formatting import compact, duration, exact
 from .pauses import can_pause, paused_queues_for, queue_pause_view
 from .queues import configured_queues
+from .stuck import stuck_lines
 from .svg import ChartPoint, minute_series, throughput_chart
 
 if TYPE_CHECKING:
@@ -219,6 +220,7 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
         "measured_at": measured_at,
         "paused": paused,
         "can_pause": can_pause(request),
+        "stuck": stuck_lines(model_admin, request),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/lag.html", context)

@@ -19,6 +19,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -58,6 +59,12 @@ def queue_pause_view(model_admin: _ModelAdmin, request: HttpRequest, action: str
     queue = request.POST.get("queue") or request.GET.get("queue") or ""
     using = model_admin.model.objects.db
     lag_url = reverse("admin:django_pgqueue_lag", current_app=model_admin.admin_site.name)
+    # Back where the button was (the inbox, say), if that is a page of this site.
+    back = request.POST.get("next") or request.GET.get("next") or ""
+    if back and url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        lag_url = back
     reason = request.POST.get("reason", "").strip()[:REASON_MAX_LENGTH]
     if request.method != "POST" or request.POST.get("confirmed") != "yes":
         label = _("Pause queue") if action == "pause" else _("Resume queue")
@@ -72,6 +79,7 @@ def queue_pause_view(model_admin: _ModelAdmin, request: HttpRequest, action: str
             "current": paused_queues(using=using).get(queue),
             "reason_max_length": REASON_MAX_LENGTH,
             "lag_url": lag_url,
+            "next": lag_url,
         }
         request.current_app = model_admin.admin_site.name
         return TemplateResponse(request, "django_pgqueue/admin/confirm_queue_pause.html", context)
