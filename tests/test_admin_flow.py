@@ -59,3 +59,12 @@ def test_the_flow_control_page_is_read_only(client):
     response = client.get(url("django_pgqueue_concurrencykey_changelist"))
     assert "Add concurrency key" not in response.text
     assert client.get(url("django_pgqueue_concurrencykey_add")).status_code == 403
+
+
+def test_an_empty_flow_control_page_says_why(client):
+    login(client, superuser=True)
+    page = client.get(url("django_pgqueue_concurrencykey_changelist")).text
+    assert "0 concurrency keys with work" in page
+    assert "0 flow control" not in page
+    assert 'id="pgq-flow-empty"' in page
+    assert "once its last job has finished it leaves this page" in page

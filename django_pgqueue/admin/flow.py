@@ -100,6 +100,8 @@ class FlowControlAdmin(_ModelAdmin):
     search_fields = ("concurrency_key",)
     ordering = ("queue", "concurrency_key")
     list_per_page = 100
+    # Says what the page lists, and why it may be empty right after limited jobs ran.
+    change_list_template = "django_pgqueue/admin/flow_changelist.html"
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}

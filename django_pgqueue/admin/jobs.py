@@ -38,7 +38,7 @@ from .filters import (
     StatusFilter,
     TaskFilter,
 )
-from .formatting import moment, status_badge
+from .formatting import moment, status_badge, task_link
 from .pagination import EstimatedCountPaginator
 from .parameters import drop_unstorable_parameters
 from .pauses import can_pause, paused_queues_for
@@ -148,19 +148,9 @@ class BaseJobAdmin(_ModelAdmin):
     # task and error to the width left, and the tooltips hold the whole text.
     @admin.display(description=_("task"))
     def task(self, job: Job) -> SafeString:
-        """Show the task path, linked to the listing of that task's jobs.
-
-        Where the column is narrow, the module is cut short and the function's name stays.
-        """
-        module, dot, name = job.task_path.rpartition(".")
-        return format_html(
-            '<a class="pgq-task" href="?{}" title="{}"><span class="pgq-task-module">{}</span>'
-            '<span class="pgq-task-name">{}</span></a>',
-            urlencode({"task": job.task_path}),
-            job.task_path,
-            module + dot,
-            name,
-        )
+        """Show the task, linked to the listing of that task's jobs: its function's name
+        whole, then its module, cut to the width left (the tooltip has the whole path)."""
+        return task_link(job.task_path, f"?{urlencode({'task': job.task_path})}")
 
     @admin.display(description=_("queue"))
     def queue_name(self, job: Job) -> SafeString:
