@@ -37,7 +37,7 @@ def _pause_and_resume(driver: Any, base: str, size: Size) -> list[str]:
     problems = []
     lag = f"{base}/admin/django_pgqueue/lag/"
     driver.get(lag)
-    pause = "#pgq-queues tbody tr[data-queue='emails'] .pgq-pause-button"
+    pause = "#pgq-queue-bar li[data-queue='emails'] .pgq-pause-button"
     problems += _check_page(driver, size, "lag", [pause], "")
     clicks = 0
     _click_and_wait(driver, driver.find_element(By.CSS_SELECTOR, pause))

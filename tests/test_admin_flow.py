@@ -48,9 +48,10 @@ def test_the_flow_control_page_lists_each_key(client):
     assert response.status_code == 200
     text = text_of(response.text)
     assert "tenant:42" in text
-    assert "2/2 in flight" in text
+    assert "tenant:42 default 2/2" in text  # in flight, of the limit
     assert "label-api" in text
-    assert "20 per 1 s; 0 started this period" in text
+    assert "20/1s · 0 used" in text
+    assert 'title="20 per 1 s; 0 started this period"' in response.text  # in words
 
 
 def test_the_flow_control_page_is_read_only(client):

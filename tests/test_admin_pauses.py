@@ -71,15 +71,15 @@ def test_viewers_see_the_pause_but_cannot_pause(client):
 def test_operators_get_buttons_and_unknown_queues_a_message(client):
     login(client, "change_job")
     page = client.get(LAG).content.decode()
-    # One button per queue, in its row: a click there, a click to confirm.
-    assert f'href="{PAUSE}?queue=emails"' in page
+    # One button per queue above the table: a click there, a click to confirm.
+    assert f'href="{PAUSE}?queue=emails&amp;next=' in page
     assert 'id="pgq-paused-banner"' not in page
     inbox = client.get(url("django_pgqueue_job_changelist")).content.decode()
     assert 'id="pgq-queue-bar"' in inbox
     assert f'href="{PAUSE}?queue=emails&amp;next=' in inbox
     pause_queue("emails")
     page = client.get(LAG).content.decode()
-    assert f'href="{PAUSE}?queue=emails"' not in page
+    assert f'href="{PAUSE}?queue=emails&amp;next=' not in page
     assert f"{RESUME}?queue=emails" in page
     inbox = client.get(url("django_pgqueue_job_changelist")).content.decode()
     assert f'href="{PAUSE}?queue=emails&amp;next=' not in inbox  # it has Resume instead

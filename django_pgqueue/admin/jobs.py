@@ -17,7 +17,6 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Left
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -25,7 +24,6 @@ from django.utils.translation import gettext_lazy as _
 
 from ..models import Job
 from ..states import JobStatus
-from ..values import PausedQueue
 from .actions import CANCEL, DISCARD, REQUEUE, RETRY, RETRY_REVIVE, RUN_NOW, operation_actions
 from .changelist import QueueChangeList
 from .detail import render_job_detail
@@ -41,7 +39,7 @@ from .filters import (
 from .formatting import moment, status_badge, task_link
 from .pagination import EstimatedCountPaginator
 from .parameters import drop_unstorable_parameters
-from .pauses import can_pause, paused_queues_for
+from .pauses import can_pause, pause_links, paused_queues_for
 from .queues import known_queues
 from .stuck import stuck_lines
 
@@ -53,8 +51,6 @@ _MAX_ID_DIGITS = len(str(_MAX_ID))
 #: Characters of the last error the listings read; the rest stays in the database.
 ERROR_EXCERPT = 200
 _ACTIVE = frozenset({JobStatus.PENDING, JobStatus.PROCESSING})
-#: Queues offered a pause button above the inbox (all of them are on the lag page).
-QUEUES_SHOWN = 20
 
 
 if TYPE_CHECKING:
@@ -232,29 +228,14 @@ class BaseJobAdmin(_ModelAdmin):
                 "paused": paused,
                 "can_pause": can_pause(request),
                 "stuck": stuck_lines(self, request) if self.shows_stuck else None,
-                "pausable_queues": self._pausable_queues(request, paused),
+                "pausable_queues": (
+                    pause_links(request, known_queues(self.model.objects.db), paused)
+                    if self.shows_stuck
+                    else []
+                ),
                 **(extra_context or {}),
             },
         )
-
-    def _pausable_queues(
-        self, request: HttpRequest, paused: list[PausedQueue]
-    ) -> list[tuple[str, str]]:
-        """Return (queue, pause URL) for the queues one click from their pause page.
-
-        The inbox only (``shows_stuck``), for users who may pause; paused queues are in
-        the banner, with their Resume button, instead.
-        """
-        if not self.shows_stuck or not can_pause(request):
-            return []
-        stopped = {pause.queue for pause in paused}
-        address = reverse("admin:django_pgqueue_lag_pause", current_app=self.admin_site.name)
-        back = request.get_full_path()
-        return [
-            (queue, f"{address}?{urlencode({'queue': queue, 'next': back})}")
-            for queue in known_queues(self.model.objects.db)
-            if queue not in stopped
-        ][:QUEUES_SHOWN]
 
     # ------------------------------------------------------------------ read-only views
     def change_view(

@@ -9,7 +9,9 @@ operator actions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 else:  # ModelAdmin is generic for the type checker only
     _ModelAdmin = admin.ModelAdmin
 
-__all__ = ["can_pause", "paused_queues_for", "queue_pause_view"]
+__all__ = ["QUEUES_SHOWN", "can_pause", "pause_links", "paused_queues_for", "queue_pause_view"]
 
 #: Longest reason the form accepts.
 REASON_MAX_LENGTH = 500
@@ -45,6 +47,28 @@ def can_pause(request: HttpRequest) -> bool:
     return bool(
         request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
     )
+
+
+#: Queues offered a pause button above the lag table and the inbox.
+QUEUES_SHOWN = 20
+
+
+def pause_links(
+    request: HttpRequest, queues: Iterable[str], paused: Iterable[PausedQueue]
+) -> list[tuple[str, str]]:
+    """Return (queue, URL of its pause confirmation) of each running queue, for users who
+    may pause; the confirmation returns to this page. Paused queues are in the banner,
+    with their Resume button, instead."""
+    if not can_pause(request):
+        return []
+    stopped = {pause.queue for pause in paused}
+    address = reverse("admin:django_pgqueue_lag_pause")
+    back = request.get_full_path()
+    return [
+        (queue, f"{address}?{urlencode({'queue': queue, 'next': back})}")
+        for queue in queues
+        if queue not in stopped
+    ][:QUEUES_SHOWN]
 
 
 def paused_queues_for(model_admin: _ModelAdmin) -> list[PausedQueue]:

@@ -37,7 +37,7 @@ from ..models import Schedule
 from ..periodic import fire_key
 from ..runners import DjangoRunner
 from ..scheduling import pause, resume, run_now
-from .formatting import exact, pretty_json, relative, status_badge
+from .formatting import age, exact, pretty_json, relative, status_badge
 
 __all__ = ["ScheduleAdmin"]
 
@@ -70,7 +70,7 @@ class ScheduleAdmin(_ModelAdmin):
     # What fits 1280x800 with the sidebar open: the timetable and the state. The task,
     # queue, arguments, limits and downtime policy are on the schedule's page.
     list_display = ("name", "description", "next_fire", "last_fire", "state", "task")
-    list_filter = ("queue", "downtime")
+    # No filter column: a project has a handful of schedules, and the search finds one.
     search_fields = ("name", "task_path")
     show_facets = admin.ShowFacets.NEVER
     ordering = ("name",)
@@ -159,8 +159,13 @@ class ScheduleAdmin(_ModelAdmin):
                     format_html("{} <code>{}</code>", schedule.description, schedule.expression),
                 ),
                 (_("time zone"), schedule.timezone),
-                (_("next fire"), self.next_fire(schedule)),
-                (_("last fire"), self.last_fire(schedule)),
+                (_("next fire"), _moment(schedule.next_fire_at, schedule.timezone)),
+                (
+                    _("last fire"),
+                    self._last_fire(schedule, _moment(schedule.last_fire_at, schedule.timezone))
+                    if schedule.last_fire_at
+                    else "—",
+                ),
                 (_("state"), self.state(schedule)),
                 (_("task"), format_html("<code>{}</code>", schedule.task_path)),
                 (_("queue"), schedule.queue),
@@ -223,27 +228,25 @@ class ScheduleAdmin(_ModelAdmin):
 
     @admin.display(description=_("next fire"), ordering="next_fire_at")
     def next_fire(self, obj: Schedule) -> SafeString:
-        """Return the next fire time with how far away it is."""
-        return _moment(obj.next_fire_at, obj.timezone)
+        """Return how far away the next fire is ("in 5m"), exact in the tooltip."""
+        return _age(obj.next_fire_at, obj.timezone)
 
     @admin.display(description=_("last fire"), ordering="last_fire_at")
     def last_fire(self, obj: Schedule) -> SafeString | str:
         """Return the last fire time and its job's status, linked to the job."""
         if obj.last_fire_at is None:
             return "—"
+        return self._last_fire(obj, _age(obj.last_fire_at, obj.timezone))
+
+    def _last_fire(self, obj: Schedule, when: SafeString) -> SafeString | str:
+        assert obj.last_fire_at is not None
         key = fire_key(obj.name, obj.last_fire_at)
         found = QueueStore(DjangoRunner(obj._state.db or "default")).jobs_by_keys([key])
         if key not in found:
-            return format_html("{} · {}", _moment(obj.last_fire_at, obj.timezone), _("job pruned"))
+            return format_html("{} · {}", when, _("job pruned"))
         job_id, status = found[key]
         url = reverse("admin:django_pgqueue_job_change", args=[job_id])
-        return format_html(
-            '{} · <a href="{}">#{}</a> {}',
-            _moment(obj.last_fire_at, obj.timezone),
-            url,
-            job_id,
-            status_badge(status),
-        )
+        return format_html('{} · <a href="{}">#{}</a> {}', when, url, job_id, status_badge(status))
 
     @admin.display(description=_("state"), ordering="paused_at")
     def state(self, obj: Schedule) -> SafeString:
@@ -375,14 +378,26 @@ class ScheduleAdmin(_ModelAdmin):
         return None
 
 
+def _exact(moment: datetime, zone: str | None) -> str:
+    if zone:
+        return f"{timezone.localtime(moment, ZoneInfo(zone)):%Y-%m-%d %H:%M:%S} {zone}"
+    return exact(moment)
+
+
+def _age(moment: datetime, zone: str | None = None) -> SafeString:
+    # The list's compact form: "in 5m", "2h"; the tooltip is the page's exact form.
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        moment.isoformat(),
+        _exact(moment, zone),
+        age(moment),
+    )
+
+
 def _moment(moment: datetime, zone: str | None = None) -> SafeString:
     # One format on the list and on a schedule's page: to the second, in the schedule's
     # time zone (named), else the site's.
-    if zone:
-        local = timezone.localtime(moment, ZoneInfo(zone))
-        text = f"{local:%Y-%m-%d %H:%M:%S} {zone}"
-    else:
-        text = exact(moment)
+    text = _exact(moment, zone)
     return format_html(
         '<span title="{}">{}</span> <span class="pgq-muted">({})</span>',
         moment.isoformat(),

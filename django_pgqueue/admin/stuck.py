@@ -38,8 +38,10 @@ __all__ = ["COUNT_LIMIT", "StuckLine", "stuck_lines"]
 
 #: Job counts of the panel stop here ("10,000+").
 COUNT_LIMIT = 10_000
-#: Lines of each kind shown, the longest stuck first.
+#: Lines of each kind asked for, and shown (the longest stuck first): the panel stays a
+#: few lines above the page, and says how many more there are.
 ROWS_SHOWN = 20
+LINES_SHOWN = 3
 
 _KIND_LABELS = {
     StuckKind.EXPIRED_LEASE: _("lease expired"),
@@ -78,7 +80,41 @@ def stuck_lines(model_admin: ModelAdmin[Any], request: HttpRequest) -> list[Stuc
     )
     now = timezone.now()
     site = model_admin.admin_site.name
-    return [_line(item, site, request, now) for item in stuck]
+    lines: list[StuckLine] = []
+    for kind in StuckKind:
+        of_kind = [item for item in stuck if item.kind is kind]
+        lines += [_line(item, site, request, now) for item in of_kind[:LINES_SHOWN]]
+        if len(of_kind) > LINES_SHOWN:
+            lines.append(_more(kind, of_kind[LINES_SHOWN:], site, request))
+    return lines
+
+
+def _more(kind: StuckKind, rest: list[StuckWork], site: str, request: HttpRequest) -> StuckLine:
+    """Return the line that stands for the rest of a kind: how many, and where they are."""
+    count = f"{len(rest)}+" if len(rest) + LINES_SHOWN >= ROWS_SHOWN else str(len(rest))
+    texts = {
+        StuckKind.EXPIRED_LEASE: _("and %(count)s more queues with expired leases"),
+        StuckKind.STALLED_WORKER: _("and %(count)s more silent workers"),
+        StuckKind.UNSERVED_QUEUE: _("and %(count)s more queues without a live worker"),
+        StuckKind.FULL_KEY: _("and %(count)s more keys at their limit"),
+    }
+    pages = {
+        StuckKind.EXPIRED_LEASE: ("job", f"?{urlencode({'status': EXPIRED})}"),
+        StuckKind.STALLED_WORKER: ("worker", ""),
+        StuckKind.UNSERVED_QUEUE: ("lag", ""),
+        StuckKind.FULL_KEY: ("concurrencykey", ""),
+    }
+    model, query = pages[kind]
+    page = _url("job" if model == "lag" else model, "changelist", site, request)
+    if page and model == "lag":
+        page = reverse("admin:django_pgqueue_lag", current_app=site)
+    return StuckLine(
+        kind,
+        str(_KIND_LABELS[kind]),
+        str(texts[kind]) % {"count": count},
+        SafeString(""),
+        page and page + query,
+    )
 
 
 def _count(jobs: int) -> str:

@@ -109,7 +109,7 @@ class WorkerAdmin(_ModelAdmin):
         load: WorkerLoad | None = getattr(worker, "in_flight_load", None)
         return in_flight_html(worker, load, getattr(worker, "inbox_url", ""))
 
-    @admin.display(description=_("partition buckets"))
+    @admin.display(description=_("buckets"))
     def buckets(self, worker: Worker) -> SafeString:
         """Show how many of the partition buckets of each queue the worker owns."""
         owned = (worker.metadata or {}).get("owned_buckets") or {}
