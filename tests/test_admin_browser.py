@@ -62,6 +62,9 @@ PHONE = Size("phone", 390, 844)
 #: A job row on a laptop is one line of text: taller means something wrapped.
 ONE_LINE_ROW = 40
 
+#: On a laptop, at least this much of the error shows ("ReadTimeout HTTPSConnectionPo…"):
+#: at 1280x800 the dead letters once showed three characters of it ("Per…").
+ERROR_MIN_WIDTH = 200
 #: The cells of the first job rows that must lie inside the screen, per listing.
 JOB_COLUMNS = (
     "field-id",
@@ -71,6 +74,8 @@ JOB_COLUMNS = (
     "field-when",
     "field-error:not(:empty)",  # a job without an error has an empty cell
 )
+#: The dead letters: every row is one, so no status column.
+DEAD_LETTER_COLUMNS = tuple(column for column in JOB_COLUMNS if column != "field-status_display")
 #: The pages docs/howto/admin.md shows at 1280x800 (all of them), and on a phone.
 SCREENSHOT_PAGES = {
     "index",
@@ -240,6 +245,14 @@ return {
                 ? "." + String(element.className).trim().replace(/ +/g, ".") : "")),
     rows: rowSelector
         ? Array.from(document.querySelectorAll(rowSelector)).slice(0, 20).map(box) : [],
+    // Task names are never cut (the module after them may be), on every row.
+    clippedNames: Array.from(document.querySelectorAll("#content .pgq-task-name"))
+        .filter((name) => name.scrollWidth > name.clientWidth + 0.5
+            || name.getBoundingClientRect().right
+                > name.closest("td, th, dd").getBoundingClientRect().right + 0.5)
+        .slice(0, 3).map((name) => name.textContent),
+    errorWidths: Array.from(document.querySelectorAll("#result_list td.field-error"))
+        .map((cell) => cell.getBoundingClientRect().width),
     // Every table of the page against the column that holds it: a wider table scrolls
     // sideways inside its column (Django's changelist wraps it in an overflow box).
     tables: Array.from(document.querySelectorAll("#content table")).map((table) => ({
@@ -274,6 +287,11 @@ def _check_page(driver: Any, size: Size, page: str, selectors: list[str], rows: 
                     f"outside the {viewport} px screen"
                 )
                 break
+    if measured["clippedNames"]:
+        problems.append(f"task names cut short: {measured['clippedNames']}")
+    if not size.phone and any(width < ERROR_MIN_WIDTH for width in measured["errorWidths"]):
+        narrowest = min(measured["errorWidths"])
+        problems.append(f"the error column is {narrowest:.0f} px wide (< {ERROR_MIN_WIDTH})")
     for table in measured["tables"]:
         if table["width"] > table["column"] + 0.5:
             problems.append(
@@ -322,7 +340,7 @@ def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer
         (
             "dead_letters",
             f"{admin}/deadletter/",
-            _row_cells("#result_list", JOB_COLUMNS),
+            _row_cells("#result_list", DEAD_LETTER_COLUMNS),
             "#result_list tbody tr",
         ),
         (

@@ -49,9 +49,10 @@ GROUPS_SHOWN = 500
 class DeadLetterAdmin(BaseJobAdmin):
     """Dead-lettered jobs only, with the grouped view and retry/discard actions."""
 
-    # The cancelled dependents go with the status: a column of their own, empty on almost
-    # every row, took the error's width.
-    list_display = ("id", "task", "status_display", "queue_name", "when", "error")
+    # Every row is a dead letter: no status column, and the error gets its width. A
+    # failure's cancelled dependents (rare) lead the error cell, where a column of their
+    # own, empty on almost every row, took the error's width.
+    list_display = ("id", "task", "queue_name", "when", "error")
     list_filter = (
         QueueFilter,
         TaskFilter,
@@ -82,12 +83,13 @@ class DeadLetterAdmin(BaseJobAdmin):
             .annotate(cancelled_dependents=Subquery(cancelled))
         )
 
-    @admin.display(description=_("status"))
-    def status_display(self, job: Job) -> SafeString:
-        """Show the status, and how many jobs that ran after this one its failure cancelled."""
-        badge = super().status_display(job)
+    @admin.display(description=_("error"), empty_value="")
+    def error(self, job: Job) -> SafeString:
+        """Show how many jobs its failure cancelled (if any), then the last error."""
+        error = super().error(job)
         dependents = self.dependents(job)
-        return format_html("{} {}", badge, dependents) if dependents else badge
+        # One span in the cell: the stylesheet clips it to the width left, on one line.
+        return format_html("<span>{} {}</span>", dependents, error) if dependents else error
 
     def dependents(self, job: Job) -> SafeString:
         """Show how many jobs that ran after this one its failure cancelled."""

@@ -221,18 +221,15 @@ class BaseJobAdmin(_ModelAdmin):
         if redirect is not None:
             return redirect
         paused = paused_queues_for(self)
+        queues = known_queues(self.model.objects.db) if self.shows_stuck else []
         return super().changelist_view(
             request,
             {
                 "title": self.listing_title,
                 "paused": paused,
                 "can_pause": can_pause(request),
-                "stuck": stuck_lines(self, request) if self.shows_stuck else None,
-                "pausable_queues": (
-                    pause_links(request, known_queues(self.model.objects.db), paused)
-                    if self.shows_stuck
-                    else []
-                ),
+                "stuck": stuck_lines(self, request, queues) if self.shows_stuck else None,
+                "pausable_queues": pause_links(request, queues, paused),
                 **(extra_context or {}),
             },
         )

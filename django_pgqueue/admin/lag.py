@@ -223,7 +223,7 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
         "measured_at": measured_at,
         "paused": paused,
         "can_pause": can_pause(request),
-        "stuck": stuck_lines(model_admin, request),
+        "stuck": stuck_lines(model_admin, request, queues),
         "pausable_queues": pause_links(request, [row.lag.queue for row in rows], paused),
     }
     request.current_app = model_admin.admin_site.name

@@ -69,11 +69,16 @@ class StuckLine:
         return format_html('<a href="{}">{}</a>', self.url, self.text)
 
 
-def stuck_lines(model_admin: ModelAdmin[Any], request: HttpRequest) -> list[StuckLine]:
-    """Return what is stuck now, as lines for the panel (empty: nothing is)."""
+def stuck_lines(
+    model_admin: ModelAdmin[Any], request: HttpRequest, queues: list[str] | None = None
+) -> list[StuckLine]:
+    """Return what is stuck now, as lines for the panel (empty: nothing is).
+
+    ``queues``: the queues worth showing, if the page has them already.
+    """
     using = model_admin.model.objects.db
     stuck = Job.objects.store(using).stuck_work(
-        known_queues(using),
+        known_queues(using) if queues is None else queues,
         timeout_seconds=conf.WORKER_TIMEOUT_SECONDS,
         count_limit=COUNT_LIMIT,
         row_limit=ROWS_SHOWN,
