@@ -23,6 +23,8 @@ from django_pgqueue.models import Job
 pytestmark = pytest.mark.timeout(120)
 
 SQLITE_PROJECT_SETTINGS = """
+import django
+
 SECRET_KEY = "not-a-secret"
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
@@ -31,6 +33,8 @@ INSTALLED_APPS = [
     "django_pgqueue",
     "probe_app",
 ]
+if django.VERSION < (6, 0):
+    INSTALLED_APPS.append("django_tasks")  # the backport of django.tasks
 DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}}
 TASKS = {
     "default": {
