@@ -30,6 +30,7 @@ help:
 	@echo "make lint     ruff, mypy (strict), manage.py check, makemigrations --check"
 	@echo "make docs     build the documentation (warnings are errors)"
 	@echo "make bench    run the queuebench benchmark"
+	@echo "make dist     build the sdist and wheel into dist/, check them, install the wheel and run the quick start"
 	@echo "make screenshots  refresh the admin screenshots of the docs (headless Chromium)"
 	@echo "make clean    remove the virtualenv, the embedded database and build output"
 
@@ -72,6 +73,13 @@ screenshots: venv browser
 .PHONY: docs
 docs: venv
 	$(BIN)/sphinx-build -E -W --keep-going -b html docs docs/_build/html
+
+.PHONY: dist
+dist: venv
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
+	PGQUEUE_TEST_DIST=dist $(BIN)/python -m pytest -p no:cacheprovider tests/test_packaging.py
 
 .PHONY: demo
 demo: venv

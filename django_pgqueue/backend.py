@@ -47,6 +47,7 @@ from .exceptions import (
     InvalidOption,
     JobNotFound,
     NotMigrated,
+    NotPostgreSQL,
     UnknownQueue,
     UnknownTask,
 )
@@ -273,9 +274,23 @@ class PgQueueBackend(BaseTaskBackend):
         # django.tasks is imported, so `check` may not have said it either).
         if not apps.is_installed("django_pgqueue"):
             raise AppNotInstalled(self.alias)
+        self._require_postgresql()
         from .models import Job
 
         return Job.objects.store(self.database)
+
+    def _require_postgresql(self) -> None:
+        # Another database fails on the first placeholder with a syntax error that says
+        # nothing about the cause; E001 does, but only if someone ran the checks.
+        vendor = connections[self.database].vendor
+        if vendor != "postgresql":
+            raise NotPostgreSQL(self.database, vendor, self._database_setting(), self.alias)
+
+    def _database_setting(self) -> str:
+        # Name only what the user wrote: OPTIONS['DATABASE'] if they set it, else DATABASES.
+        if "DATABASE" in self.options:
+            return f"TASKS[{self.alias!r}]['OPTIONS']['DATABASE']"
+        return f"DATABASES[{self.database!r}]['ENGINE']"
 
     @contextlib.contextmanager
     def _schema_errors(self) -> Iterator[None]:
@@ -320,6 +335,7 @@ class PgQueueBackend(BaseTaskBackend):
         """
         from .models import Job
 
+        self._require_postgresql()
         try:
             job_id = int(result_id)
         except (TypeError, ValueError):
@@ -433,13 +449,10 @@ class PgQueueBackend(BaseTaskBackend):
         return messages
 
     def _postgresql_hint(self) -> str:
-        # Name only what the user wrote: OPTIONS['DATABASE'] if they set it, else DATABASES.
+        setting = self._database_setting()
         if "DATABASE" in self.options:
-            return (
-                f"Point TASKS[{self.alias!r}]['OPTIONS']['DATABASE'] at a database whose "
-                "ENGINE is 'django.db.backends.postgresql'."
-            )
-        return f"Set DATABASES[{self.database!r}]['ENGINE'] to 'django.db.backends.postgresql'."
+            return f"Point {setting} at a database whose ENGINE is 'django.db.backends.postgresql'."
+        return f"Set {setting} to 'django.db.backends.postgresql'."
 
 
 def _decoded(payload: str) -> Any:

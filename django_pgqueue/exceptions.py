@@ -54,6 +54,30 @@ class AppNotInstalled(ConfigurationError):
         )
 
 
+class NotPostgreSQL(ConfigurationError):
+    """The database that holds the jobs is not PostgreSQL (system check E001).
+
+    ``setting`` names what to change: ``DATABASES[...]['ENGINE']``, or the backend's
+    ``TASKS[...]['OPTIONS']['DATABASE']`` when that is what chose the database.
+    """
+
+    def __init__(self, database: str, vendor: str, setting: str, alias: str | None = None) -> None:
+        self.database = database
+        self.vendor = vendor
+        self.setting = setting
+        self.alias = alias
+        fix = (
+            f"point {setting} at a database whose ENGINE is 'django.db.backends.postgresql'"
+            if setting.endswith("['DATABASE']")
+            else f"set {setting} to 'django.db.backends.postgresql'"
+        )
+        where = f"TASKS[{alias!r}] stores its jobs in" if alias else "the job queue is in"
+        super().__init__(
+            f"{where} database {database!r}, which is {vendor}, not PostgreSQL "
+            f"(django_pgqueue.E001): {fix}"
+        )
+
+
 class NotMigrated(ConfigurationError):
     """The queue's tables do not exist in the database: ``migrate`` was not run."""
 

@@ -22,7 +22,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import connections, models
 
 from .coalescing import check_coalescing
 from .conf import conf
@@ -35,7 +35,7 @@ from .enqueueing import (
     validated_calls,
     validated_many,
 )
-from .exceptions import InvalidOption, LeaseLost, UnknownDependency
+from .exceptions import InvalidOption, LeaseLost, NotPostgreSQL, UnknownDependency
 from .limits import JOB_ID_MAX, JOB_ID_MIN
 from .notices import flow_channel, lease_channel
 from .payload import check_text
@@ -69,6 +69,8 @@ from .values import (
     QueueWorkers,
     ReapedJob,
     ScheduleDefinition,
+    StuckKind,
+    StuckWork,
     TableHealth,
     WorkerHeartbeat,
     WorkerLoad,
@@ -1112,6 +1114,29 @@ class QueueStore:
         rows = self._run("jobs_in_flight", worker_ids=list(worker_ids)).dicts()
         return {row["worker_id"]: WorkerLoad(**row) for row in rows}
 
+    def stuck_work(
+        self,
+        queues: Sequence[str],
+        *,
+        timeout_seconds: float,
+        count_limit: int = 10_000,
+        row_limit: int = 20,
+    ) -> list[StuckWork]:
+        """Return what is stuck: expired leases, silent workers, unserved queues, full keys.
+
+        ``queues`` are the queues to look at for a live worker; a worker counts as live
+        while it heartbeated within ``timeout_seconds``. At most ``row_limit`` of each
+        kind, the longest stuck first; job counts stop at ``count_limit``.
+        """
+        rows = self._run(
+            "stuck_work",
+            queues=list(queues),
+            timeout_seconds=timeout_seconds,
+            count_limit=count_limit,
+            row_limit=row_limit,
+        ).dicts()
+        return [StuckWork(**{**row, "kind": StuckKind(row["kind"])}) for row in rows]
+
     # ------------------------------------------------------------------ metrics (read-only)
     # sql/metrics.sql: what django_pgqueue.metrics adds to the admin's queries.
     def queue_finished_totals(self, queues: Sequence[str], *, minutes: int) -> list[QueueTotals]:
@@ -1347,8 +1372,16 @@ class JobManager(models.Manager["Job"]):
     """``Job.objects``: read jobs with the ORM, change them only through these methods."""
 
     def store(self, using: str | None = None) -> QueueStore:
-        """Return a :class:`QueueStore` on the Django connection for ``using``."""
-        return QueueStore(DjangoRunner(using or self.db))
+        """Return a :class:`QueueStore` on the Django connection for ``using``.
+
+        Raises :class:`~django_pgqueue.exceptions.NotPostgreSQL` if that database is not
+        PostgreSQL (its statements would fail with a syntax error naming nothing).
+        """
+        alias = using or self.db
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            raise NotPostgreSQL(alias, vendor, f"DATABASES[{alias!r}]['ENGINE']")
+        return QueueStore(DjangoRunner(alias))
 
     def enqueue(
         self,

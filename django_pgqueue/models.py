@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from django.core.checks import CheckMessage
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Now
@@ -35,6 +36,26 @@ __all__ = [
     "Schedule",
     "Worker",
 ]
+
+
+#: Django's warnings that a database keeps no comments on tables and columns.
+_COMMENT_WARNINGS = frozenset({"fields.W163", "models.W046"})
+
+
+def _no_comment_warnings[M: models.Model](model: type[M]) -> type[M]:
+    """Leave Django's "comments unsupported" warnings out of ``model``'s checks.
+
+    The queue needs PostgreSQL, which keeps every comment. Where a model would live in
+    another database (SQLite, say), its 37 commented columns and tables would each add a
+    warning and bury the one error that says what is wrong: E001, "needs PostgreSQL".
+    """
+
+    def check(cls: type[models.Model], /, **kwargs: Any) -> list[CheckMessage]:
+        messages: list[CheckMessage] = super(model, cls).check(**kwargs)  # type: ignore[misc]
+        return [message for message in messages if message.id not in _COMMENT_WARNINGS]
+
+    setattr(model, "check", classmethod(check))  # noqa: B010 - a method, set once
+    return model
 
 
 class BrinIndex(models.Index):
@@ -64,6 +85,7 @@ _LIMITED = Q(concurrency_key__isnull=False)
 _UNLIMITED = Q(concurrency_key__isnull=True)
 
 
+@_no_comment_warnings
 class Job(models.Model):
     """One unit of work: a task call waiting, running or finished."""
 
@@ -369,6 +391,7 @@ class Job(models.Model):
         return list(self.errors or [])
 
 
+@_no_comment_warnings
 class Dependency(models.Model):
     """One edge "``job`` runs after ``blocker``": written only by the queue's SQL.
 
@@ -454,6 +477,7 @@ class Lag(Job):
         verbose_name_plural = _("queue lag")
 
 
+@_no_comment_warnings
 class Partition(models.Model):
     """The claim state of one partition key: its next job, and the job running now.
 
@@ -529,6 +553,7 @@ class Partition(models.Model):
         return self.partition_key
 
 
+@_no_comment_warnings
 class PartitionSignal(models.Model):
     """A note from a producer that a partition has new work: "refresh this partition".
 
@@ -565,6 +590,7 @@ class PartitionSignal(models.Model):
         return self.partition_key
 
 
+@_no_comment_warnings
 class ConcurrencyKey(models.Model):
     """The claim state of one concurrency key: its limit, what is in flight, what is next.
 
@@ -653,6 +679,7 @@ class ConcurrencyKey(models.Model):
         return self.concurrency_key
 
 
+@_no_comment_warnings
 class ConcurrencySignal(models.Model):
     """A note from a producer that a concurrency key has new work: "refresh this key"."""
 
@@ -685,6 +712,7 @@ class ConcurrencySignal(models.Model):
         return self.concurrency_key
 
 
+@_no_comment_warnings
 class Worker(models.Model):
     """A worker process, as it reports itself: the registry behind the ring and the admin."""
 
@@ -718,6 +746,7 @@ class Worker(models.Model):
         return self.id
 
 
+@_no_comment_warnings
 class QueueStat(models.Model):
     """Per-minute counters of finished jobs per queue, written by workers.
 
@@ -751,6 +780,7 @@ class QueueStat(models.Model):
         return f"{self.queue} @ {self.minute:%Y-%m-%d %H:%M}"
 
 
+@_no_comment_warnings
 class Schedule(models.Model):
     """A periodic schedule as the workers fire it: written from the code at worker start.
 
@@ -820,6 +850,7 @@ class Schedule(models.Model):
         return self.name
 
 
+@_no_comment_warnings
 class QueuePause(models.Model):
     """A paused queue: while its row exists, no claim starts the queue's jobs.
 

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from .flow import Rate
@@ -47,6 +48,8 @@ __all__ = [
     "QueueWorkers",
     "ReapedJob",
     "ScheduleDefinition",
+    "StuckKind",
+    "StuckWork",
     "TableHealth",
     "WorkerHeartbeat",
     "WorkerLoad",
@@ -585,6 +588,37 @@ class WorkerLoad:
     worker_id: str
     jobs: int
     expired: int
+
+
+class StuckKind(StrEnum):
+    """What is stuck: the four things an incident asks about first."""
+
+    #: Running jobs whose lease ran out: their worker died or hangs (subject: the queue).
+    EXPIRED_LEASE = "expired_lease"
+    #: A worker alive or draining that stopped heartbeating (subject: the worker id).
+    STALLED_WORKER = "stalled_worker"
+    #: A queue with ready jobs that no live worker serves (subject: the queue).
+    UNSERVED_QUEUE = "unserved_queue"
+    #: A concurrency key at its in-flight limit with ready jobs waiting (subject: the key).
+    FULL_KEY = "full_key"
+
+
+@dataclass(frozen=True, slots=True)
+class StuckWork:
+    """One stuck thing, as the lag page and the inbox list them."""
+
+    kind: StuckKind
+    subject: str
+    #: The queue (of the key's next job, for a key; None for a worker).
+    queue: str | None
+    #: Jobs concerned: expired, held by the worker, ready in the queue, waiting on the key
+    #: (stops at the query's count limit).
+    jobs: int
+    #: Since when: the first lease that ran out, the worker's last heartbeat, the oldest
+    #: ready job's availability (queue or key).
+    since: datetime | None
+    #: The key's limit (full keys only).
+    max_in_flight: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,21 @@ A fenced block preceded by a marker comment is a step; unmarked blocks are prose
     <!-- docs-test: file shop/models.py -->     write the block to that file
     <!-- docs-test: append mysite/settings.py -->  add the block at the end of that file
     <!-- docs-test: run -->                    run each command line of the block
+    <!-- docs-test: background -->             start each command line and leave it running
     <!-- docs-test: shell -->                  run the block in the project's Django shell
     <!-- docs-test: session -->                a ``>>>`` shell session, checked as a doctest
 
+Commands run as written. ``python`` and ``django-admin`` are the interpreter given to
+:func:`run_steps` (the project's), ``createdb`` is PostgreSQL's client from ``PATH``, and
+``pip install`` lines are checked (they must name the distribution) rather than run.
+``createsuperuser`` gets a terminal of its own and the answers a reader would type. A
+``background`` command is what a reader leaves running in another terminal (the worker,
+``runserver``): the next step waits until it is ready, and at the end it gets Ctrl-C
+(SIGINT to its process group) and must exit with 0.
+
 Shell code and sessions share one ``manage.py shell`` process, so a session can go on
-after a worker ran. In ``run`` blocks, ``pip install`` lines are checked (they must
-name the distribution) rather than run, ``python`` and ``django-admin`` are this
-interpreter, and ``runqueueworker`` gets ``--burst``, so it exits once the jobs are done.
+after a worker ran. This module imports only the standard library: the shell loads it by
+path, so a project on an installed wheel does not see the repository's packages.
 """
 
 from __future__ import annotations
@@ -19,17 +27,34 @@ from __future__ import annotations
 import doctest
 import json
 import os
+import pty
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 DISTRIBUTION = "django-tasks-pgqueue"
-_MARKER = re.compile(r"^<!-- docs-test: (file|append|run|shell|session)(?: (\S+))? -->$")
+_MARKER = re.compile(r"^<!-- docs-test: (file|append|run|background|shell|session)(?: (\S+))? -->$")
 _FENCE = re.compile(r"^(`{3,}|~{3,})")
 _STEP_TIMEOUT = 90
+#: What a reader answers ``createsuperuser`` (a password Django's validators accept).
+SUPERUSER = {"username": "admin", "email": "admin@example.com", "password": "c0rrect-h0rse-42"}
+_PROMPTS = (
+    ("Username", SUPERUSER["username"]),
+    ("Email address", SUPERUSER["email"]),
+    ("Password (again)", SUPERUSER["password"]),
+    ("Password", SUPERUSER["password"]),
+)
+#: The address ``runserver`` serves without arguments.
+RUNSERVER_URL = "http://127.0.0.1:8000"
 
 
 @dataclass(frozen=True)
@@ -40,6 +65,19 @@ class Step:
     target: str | None
     text: str
     source: str
+
+
+@dataclass
+class _Background:
+    """A command left running, with its output in a file."""
+
+    command: list[str]
+    source: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def read(self) -> str:
+        return self.log.read_text(errors="replace")
 
 
 def extract(path: Path) -> list[Step]:
@@ -67,20 +105,20 @@ def extract(path: Path) -> list[Step]:
     return steps
 
 
-def run_steps(steps: list[Step], project: Path, env: dict[str, str]) -> None:
-    """Run ``steps`` in ``project``; hand over to one Django shell at the first shell step."""
-    for position, step in enumerate(steps):
-        if step.action in {"shell", "session"}:
-            _run_in_shell(steps[position:], project, env)
-            return
-        _run_step(step, project, env, namespace=None)
-
-
-def _run_in_shell(steps: list[Step], project: Path, env: dict[str, str]) -> None:
-    plan = project / ".docs-test-steps.json"
-    plan.write_text(json.dumps([asdict(step) for step in steps]))
-    code = "from tests.documents import continue_in_shell; continue_in_shell()"
-    _check_call([sys.executable, "manage.py", "shell", "-c", code], project, env, steps[0])
+def run_steps(
+    steps: list[Step], project: Path, env: dict[str, str], *, python: str = sys.executable
+) -> None:
+    """Run ``steps`` in ``project`` with ``python``; hand over to one Django shell at the
+    first shell step. Commands left running are stopped (Ctrl-C) at the end."""
+    runner = _Runner(project, env, python)
+    try:
+        for position, step in enumerate(steps):
+            if step.action in {"shell", "session"}:
+                runner.hand_over(steps[position:])
+                return
+            runner.run(step, namespace=None)
+    finally:
+        runner.stop_background()
 
 
 def continue_in_shell() -> None:
@@ -88,49 +126,201 @@ def continue_in_shell() -> None:
     project = Path.cwd()
     steps = [Step(**item) for item in json.loads((project / ".docs-test-steps.json").read_text())]
     namespace: dict[str, object] = {"__name__": "__docs_test__"}
-    for step in steps:
-        _run_step(step, project, dict(os.environ), namespace=namespace)
+    runner = _Runner(project, dict(os.environ), sys.executable)
+    try:
+        for step in steps:
+            runner.run(step, namespace=namespace)
+    finally:
+        runner.stop_background()
 
 
-def _run_step(
-    step: Step, project: Path, env: dict[str, str], namespace: dict[str, object] | None
-) -> None:
-    if step.action in {"file", "append"}:
-        assert step.target, f"{step.source}: {step.action} needs a path"
-        target = project / step.target
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with target.open("w" if step.action == "file" else "a") as handle:
-            handle.write(("\n" if step.action == "append" else "") + step.text)
-        if target.suffix == ".py":
-            compile(target.read_text(), str(target), "exec")
-    elif step.action == "run":
-        for line in step.text.splitlines():
-            command = shlex.split(line, comments=True)
-            if command:
-                _run_command(command, step, project, env)
-    elif step.action == "shell":
-        assert namespace is not None
-        exec(compile(step.text, step.source, "exec"), namespace)
-    elif step.action == "session":
-        assert namespace is not None
-        _run_session(step, namespace)
+class _Runner:
+    def __init__(self, project: Path, env: dict[str, str], python: str) -> None:
+        self.project = project
+        self.env = env
+        self.python = python
+        self.background: list[_Background] = []
 
-
-def _run_command(command: list[str], step: Step, project: Path, env: dict[str, str]) -> None:
-    if command[:2] == ["pip", "install"]:
-        assert any(arg.startswith(f"{DISTRIBUTION}[") or arg == DISTRIBUTION for arg in command), (
-            f"{step.source}: {shlex.join(command)} does not install {DISTRIBUTION}"
+    def hand_over(self, steps: list[Step]) -> None:
+        plan = self.project / ".docs-test-steps.json"
+        plan.write_text(json.dumps([asdict(step) for step in steps]))
+        # By path: the project's interpreter may not have this repository on its path
+        # (registered in sys.modules, as dataclasses need).
+        here = str(Path(__file__).resolve())
+        code = (
+            "import importlib.util, sys; "
+            f"spec = importlib.util.spec_from_file_location('docs_test', {here!r}); "
+            "module = sys.modules['docs_test'] = importlib.util.module_from_spec(spec); "
+            "spec.loader.exec_module(module); module.continue_in_shell()"
         )
-        return
-    if command[0] == "python":
-        command = [sys.executable, *command[1:]]
-    elif command[0] == "django-admin":
-        command = [sys.executable, "-m", "django", *command[1:]]
-    else:
-        raise AssertionError(f"{step.source}: unexpected command {shlex.join(command)}")
-    if "runqueueworker" in command and "--burst" not in command:
-        command.append("--burst")
-    _check_call(command, project, env, step)
+        self.check_call([self.python, "manage.py", "shell", "-c", code], steps[0])
+
+    def run(self, step: Step, namespace: dict[str, object] | None) -> None:
+        if step.action in {"file", "append"}:
+            assert step.target, f"{step.source}: {step.action} needs a path"
+            target = self.project / step.target
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with target.open("w" if step.action == "file" else "a") as handle:
+                handle.write(("\n" if step.action == "append" else "") + step.text)
+            if target.suffix == ".py":
+                compile(target.read_text(), str(target), "exec")
+        elif step.action in {"run", "background"}:
+            for line in step.text.splitlines():
+                command = shlex.split(line, comments=True)
+                if command:
+                    self.command(command, step)
+        elif step.action == "shell":
+            assert namespace is not None
+            exec(compile(step.text, step.source, "exec"), namespace)
+        elif step.action == "session":
+            assert namespace is not None
+            _run_session(step, namespace)
+
+    def command(self, command: list[str], step: Step) -> None:
+        if command[:2] == ["pip", "install"]:
+            assert any(
+                arg.startswith(f"{DISTRIBUTION}[") or arg == DISTRIBUTION for arg in command
+            ), f"{step.source}: {shlex.join(command)} does not install {DISTRIBUTION}"
+            return
+        if command[0] == "python":
+            command = [self.python, *command[1:]]
+        elif command[0] == "django-admin":
+            command = [self.python, "-m", "django", *command[1:]]
+        elif command[0] != "createdb":
+            raise AssertionError(f"{step.source}: unexpected command {shlex.join(command)}")
+        if step.action == "background":
+            self.start(command, step)
+        elif "createsuperuser" in command:
+            self.answer(command, step)
+        else:
+            self.check_call(command, step)
+
+    def check_call(self, command: list[str], step: Step) -> None:
+        completed = subprocess.run(
+            command,
+            cwd=self.project,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=_STEP_TIMEOUT,
+            check=False,
+        )
+        print(completed.stdout, completed.stderr, sep="", end="")  # shown when a test fails
+        assert completed.returncode == 0, (
+            f"{step.source}: {shlex.join(command)} exited with {completed.returncode}\n"
+            f"{completed.stdout}{completed.stderr}"
+        )
+
+    def answer(self, command: list[str], step: Step) -> None:
+        """Run an interactive command in a terminal of its own, answering its prompts."""
+        main, follower = pty.openpty()
+        # A session of its own: no controlling terminal, so getpass reads the pty too.
+        process = subprocess.Popen(
+            command,
+            cwd=self.project,
+            env=self.env,
+            stdin=follower,
+            stdout=follower,
+            stderr=follower,
+            start_new_session=True,
+        )
+        os.close(follower)
+        transcript, line = "", ""
+        deadline = time.monotonic() + _STEP_TIMEOUT
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([main], [], [], 0.2)
+                if not ready:
+                    if process.poll() is not None:
+                        break
+                    continue
+                try:
+                    chunk = os.read(main, 4096).decode(errors="replace")
+                except OSError:  # the command closed its terminal
+                    break
+                if not chunk:
+                    break
+                transcript += chunk
+                line = (line + chunk).rsplit("\n", 1)[-1]
+                for prompt, reply in _PROMPTS:
+                    if line.lstrip().startswith(prompt) and line.rstrip().endswith(":"):
+                        os.write(main, f"{reply}\n".encode())
+                        line = ""
+                        break
+            code = process.wait(timeout=max(deadline - time.monotonic(), 1))
+        finally:
+            os.close(main)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        print(transcript)
+        assert code == 0, f"{step.source}: {shlex.join(command)} exited with {code}\n{transcript}"
+
+    def start(self, command: list[str], step: Step) -> None:
+        """Start ``command`` in the background and wait until it is ready."""
+        # Kept in the project, where a test can read what the command printed.
+        name = next((word for word in command[1:] if word.isidentifier()), "command")
+        log = self.project / f".docs-test-{name}-{len(self.background)}.log"
+        with log.open("wb") as handle:
+            process = subprocess.Popen(
+                command,
+                cwd=self.project,
+                env={**self.env, "PYTHONUNBUFFERED": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        running = _Background(command, step.source, process, log)
+        self.background.append(running)
+        ready = _ready_check(command)
+        deadline = time.monotonic() + _STEP_TIMEOUT
+        while not ready(running):
+            assert process.poll() is None, (
+                f"{step.source}: {shlex.join(command)} exited with {process.returncode}\n"
+                f"{running.read()}"
+            )
+            assert time.monotonic() < deadline, (
+                f"{step.source}: {shlex.join(command)} was not ready after {_STEP_TIMEOUT}s\n"
+                f"{running.read()}"
+            )
+            time.sleep(0.1)
+
+    def stop_background(self) -> None:
+        """Press Ctrl-C in each background command's terminal; each must exit with 0."""
+        problems = []
+        for running in reversed(self.background):
+            if running.process.poll() is None:
+                os.killpg(running.process.pid, signal.SIGINT)
+            try:
+                code = running.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(running.process.pid, signal.SIGKILL)
+                code = running.process.wait()
+                problems.append(f"{shlex.join(running.command)} did not stop on Ctrl-C")
+            output = running.read()
+            print(f"--- {shlex.join(running.command)} ({running.source}) ---\n{output}")
+            if code != 0:
+                problems.append(f"{shlex.join(running.command)} exited with {code}:\n{output}")
+        self.background.clear()
+        assert not problems, "\n".join(problems)
+
+
+def _ready_check(command: list[str]) -> Callable[[_Background], bool]:
+    """Return a test of whether a background command is ready for the next step."""
+    if "runserver" in command:
+
+        def serving(_running: _Background) -> bool:
+            try:
+                with urllib.request.urlopen(f"{RUNSERVER_URL}/admin/login/", timeout=5) as page:
+                    return page.status == 200 and b"Django" in page.read()
+            except (urllib.error.URLError, OSError):
+                return False
+
+        return serving
+    if "runqueueworker" in command:
+        return lambda running: "started: queues=" in running.read()
+    return lambda _running: True
 
 
 def _run_session(step: Step, namespace: dict[str, object]) -> None:
@@ -140,20 +330,3 @@ def _run_session(step: Step, namespace: dict[str, object]) -> None:
     runner.run(test, clear_globs=False)
     namespace.update(test.globs)  # DocTest works on a copy: carry the names forward
     assert runner.failures == 0, f"{step.source}: the session's output differs (see above)"
-
-
-def _check_call(command: list[str], project: Path, env: dict[str, str], step: Step) -> None:
-    completed = subprocess.run(
-        command,
-        cwd=project,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=_STEP_TIMEOUT,
-        check=False,
-    )
-    print(completed.stdout, completed.stderr, sep="", end="")  # shown when a test fails
-    assert completed.returncode == 0, (
-        f"{step.source}: {shlex.join(command)} exited with {completed.returncode}\n"
-        f"{completed.stdout}{completed.stderr}"
-    )

@@ -3,13 +3,15 @@ an operator retrying a dead letter through the action and seeing a real worker r
 
 The sizes are what on-call engineers use: 1280x800 and 1440x900 with Django's
 navigation sidebar open (its default), and a 390x844 phone. On each, no page may be
-wider than the screen, and the columns that matter (id, task, status, queue, when,
-error) must lie inside it, one line per job on the laptop.
+wider than the screen, every table must fit inside its column (a table wider than its
+column scrolls sideways inside the page, which the page's width does not show), and the
+columns that matter (id, task, status, queue, when, error) must lie inside the screen,
+one line per job on the laptop.
 
-Screenshots are taken on realistic data at 1440x900 with the sidebar open, and at phone
-size; `make screenshots` (which sets PGQUEUE_TEST_SCREENSHOTS) saves them to
-docs/_static/admin/ for the documentation. Debian's chromium and chromedriver are used;
-nothing is downloaded.
+Screenshots of every page are taken on realistic data at 1280x800 with the sidebar
+open, and of some at phone size; `make screenshots` (which sets
+PGQUEUE_TEST_SCREENSHOTS) saves them to docs/_static/admin/ for the documentation.
+Debian's chromium and chromedriver are used; nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ PHONE = Size("phone", 390, 844)
 #: A job row on a laptop is one line of text: taller means something wrapped.
 ONE_LINE_ROW = 40
 
+#: On a laptop, at least this much of the error shows ("ReadTimeout HTTPSConnectionPo…"):
+#: at 1280x800 the dead letters once showed three characters of it ("Per…").
+ERROR_MIN_WIDTH = 200
 #: The cells of the first job rows that must lie inside the screen, per listing.
 JOB_COLUMNS = (
     "field-id",
@@ -69,18 +74,56 @@ JOB_COLUMNS = (
     "field-when",
     "field-error:not(:empty)",  # a job without an error has an empty cell
 )
-#: The pages docs/howto/admin.md shows, at 1440x900 and on a phone.
+#: The dead letters: every row is one, so no status column.
+DEAD_LETTER_COLUMNS = tuple(column for column in JOB_COLUMNS if column != "field-status_display")
+#: The pages docs/howto/admin.md shows at 1280x800 (all of them), and on a phone.
 SCREENSHOT_PAGES = {
+    "index",
     "inbox",
     "job_detail",
     "dead_letters",
     "dead_letter_groups",
     "lag",
+    "pause_queue",
     "workers",
     "worker",
+    "schedules",
+    "schedule",
+    "flow_control",
 }
 PHONE_SCREENSHOT_PAGES = {"inbox", "dead_letter_groups", "lag"}
 WORKER_COLUMNS = ("field-id", "field-status_display", "field-in_flight", "field-last_seen")
+SCHEDULE_COLUMNS = ("field-name", "field-description", "field-next_fire", "field-state")
+FLOW_COLUMNS = ("field-concurrency_key", "field-in_flight_display", "field-waiting")
+
+
+def _seed_schedules_and_limits(observer: Any, store: Any) -> None:
+    """Add what the schedules and flow control pages show: schedules, busy limited keys."""
+    from tests.schedules import schedule, sync
+
+    sync(
+        observer,
+        schedule("nightly-invoices", "30 2 * * *", timezone="Europe/Berlin"),
+        schedule("hourly-digest", "0 * * * *", downtime="catch_up", catch_up=3),
+        schedule("refresh-exchange-rates", "@every 15m", queue_name="reports"),
+    )
+    observer.execute(
+        "UPDATE django_pgqueue_schedule SET paused_at = now() - interval '20 minutes' "
+        "WHERE name = 'hourly-digest'"
+    )
+    store.enqueue_many(
+        [
+            JobSpec(
+                "billing.tasks.sync_customer",
+                queue="low",
+                concurrency_key=f"tenant:{n % 6}",
+                concurrency_limit=2,
+            )
+            for n in range(40)
+        ]
+        + [JobSpec("shipping.tasks.buy_label", queue="low", rate_limit="20/s") for _ in range(5)]
+    )
+    store.claim("web-1:1000", ["low"], per_queue=12, lease_seconds=600)
 
 
 @pytest.fixture
@@ -202,6 +245,21 @@ return {
                 ? "." + String(element.className).trim().replace(/ +/g, ".") : "")),
     rows: rowSelector
         ? Array.from(document.querySelectorAll(rowSelector)).slice(0, 20).map(box) : [],
+    // Task names are never cut (the module after them may be), on every row.
+    clippedNames: Array.from(document.querySelectorAll("#content .pgq-task-name"))
+        .filter((name) => name.scrollWidth > name.clientWidth + 0.5
+            || name.getBoundingClientRect().right
+                > name.closest("td, th, dd").getBoundingClientRect().right + 0.5)
+        .slice(0, 3).map((name) => name.textContent),
+    errorWidths: Array.from(document.querySelectorAll("#result_list td.field-error"))
+        .map((cell) => cell.getBoundingClientRect().width),
+    // Every table of the page against the column that holds it: a wider table scrolls
+    // sideways inside its column (Django's changelist wraps it in an overflow box).
+    tables: Array.from(document.querySelectorAll("#content table")).map((table) => ({
+        name: table.id || table.className || "table",
+        width: table.getBoundingClientRect().width,
+        column: table.parentElement.clientWidth,
+    })),
 };
 """
 
@@ -229,6 +287,17 @@ def _check_page(driver: Any, size: Size, page: str, selectors: list[str], rows: 
                     f"outside the {viewport} px screen"
                 )
                 break
+    if measured["clippedNames"]:
+        problems.append(f"task names cut short: {measured['clippedNames']}")
+    if not size.phone and any(width < ERROR_MIN_WIDTH for width in measured["errorWidths"]):
+        narrowest = min(measured["errorWidths"])
+        problems.append(f"the error column is {narrowest:.0f} px wide (< {ERROR_MIN_WIDTH})")
+    for table in measured["tables"]:
+        if table["width"] > table["column"] + 0.5:
+            problems.append(
+                f"table {table['name']} is {table['width']:.0f} px wide in its "
+                f"{table['column']} px column: it scrolls sideways"
+            )
     if not size.phone:
         for row in measured["rows"]:
             if row["height"] > ONE_LINE_ROW:
@@ -241,12 +310,14 @@ def _row_cells(table: str, columns: tuple[str, ...]) -> list[str]:
     return [f"{table} tbody tr .{column}" for column in columns]
 
 
-def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer):
-    """At 1280x800 and 1440x900 (sidebar open) and 390x844, every page fits the screen."""
+def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer, store):
+    """At 1280x800 and 1440x900 (sidebar open) and 390x844, every page fits the screen,
+    and every table its column."""
     # A few running jobs per worker, within its concurrency; the expired leases are the
     # dead worker's.
     seed(observer, finished=20_000, ready=2_000, scheduled=500, processing=12, expired=5)
     seed_recent_activity(observer)
+    _seed_schedules_and_limits(observer, store)
     base = live_server.url
     dead_sample, partitioned = observer.execute(
         "SELECT max(id) FILTER (WHERE status = 'dead_letter'), "
@@ -269,7 +340,7 @@ def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer
         (
             "dead_letters",
             f"{admin}/deadletter/",
-            _row_cells("#result_list", JOB_COLUMNS),
+            _row_cells("#result_list", DEAD_LETTER_COLUMNS),
             "#result_list tbody tr",
         ),
         (
@@ -312,6 +383,20 @@ def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer
             [".pgq-facts", ".pgq-timeline", "pre"],
             "",
         ),
+        ("pause_queue", f"{admin}/lag/pause/?queue=emails", ["#id_reason"], ""),
+        (
+            "schedules",
+            f"{admin}/schedule/",
+            _row_cells("#result_list", SCHEDULE_COLUMNS),
+            "#result_list tbody tr",
+        ),
+        ("schedule", f"{admin}/schedule/nightly-invoices/change/", [".pgq-facts"], ""),
+        (
+            "flow_control",
+            f"{admin}/concurrencykey/",
+            _row_cells("#result_list", FLOW_COLUMNS),
+            "#result_list tbody tr",
+        ),
     ]
     problems: list[str] = []
     for size in (LAPTOP, DESKTOP, PHONE):
@@ -322,7 +407,7 @@ def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer
             chart = ".pgq-chart-narrow svg" if size.phone else ".pgq-chart-wide svg"
             shown = [selector.replace("CHART", chart) for selector in selectors]
             problems += _check_page(browser, size, name, shown, rows)
-            if size == DESKTOP and name in SCREENSHOT_PAGES:
+            if size == LAPTOP and name in SCREENSHOT_PAGES:
                 _screenshot(browser, name)
             if size == PHONE and name in PHONE_SCREENSHOT_PAGES:
                 _screenshot(browser, f"{name}_phone")

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
 FLOW_COLUMNS = (
     "field-concurrency_key",
-    "field-queue",
+    "field-queue_name",
     "field-in_flight_display",
     "field-rate_display",
     "field-waiting",

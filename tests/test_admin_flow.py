@@ -48,9 +48,10 @@ def test_the_flow_control_page_lists_each_key(client):
     assert response.status_code == 200
     text = text_of(response.text)
     assert "tenant:42" in text
-    assert "2/2 in flight" in text
+    assert "tenant:42 default 2/2" in text  # in flight, of the limit
     assert "label-api" in text
-    assert "20 per 1 s; 0 started this period" in text
+    assert "20/1s · 0 used" in text
+    assert 'title="20 per 1 s; 0 started this period"' in response.text  # in words
 
 
 def test_the_flow_control_page_is_read_only(client):
@@ -59,3 +60,12 @@ def test_the_flow_control_page_is_read_only(client):
     response = client.get(url("django_pgqueue_concurrencykey_changelist"))
     assert "Add concurrency key" not in response.text
     assert client.get(url("django_pgqueue_concurrencykey_add")).status_code == 403
+
+
+def test_an_empty_flow_control_page_says_why(client):
+    login(client, superuser=True)
+    page = client.get(url("django_pgqueue_concurrencykey_changelist")).text
+    assert "0 concurrency keys with work" in page
+    assert "0 flow control" not in page
+    assert 'id="pgq-flow-empty"' in page
+    assert "once its last job has finished it leaves this page" in page

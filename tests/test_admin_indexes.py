@@ -61,6 +61,15 @@ ADMIN_QUERIES: dict[str, tuple[dict[str, Any], set[str]]] = {
         {"pgq_job_part_pending"},
     ),
     "jobs_in_flight": ({"worker_ids": ["web-1:1000", "web-9:4242"]}, {"pgq_job_lease"}),
+    "stuck_work": (
+        {
+            "queues": ["default", "emails", "reports", "high", "low", "none"],
+            "timeout_seconds": 60,
+            "count_limit": 10000,
+            "row_limit": 20,
+        },
+        {"pgq_job_lease", "pgq_job_pending", "pgq_job_conc_pending"},
+    ),
 }
 
 

@@ -57,10 +57,11 @@ def test_viewers_see_the_pause_but_cannot_pause(client):
     assert "incident 42" in page
     assert "by alice" in page
     assert 'class="pgq-badge pgq-paused"' in page
-    assert "pgq-pause-form" not in page
     assert "pgq-pause-button" not in page
     inbox = client.get(url("django_pgqueue_job_changelist")).content.decode()
     assert 'id="pgq-paused-banner"' in inbox
+    assert "pgq-queue-bar" not in inbox
+    assert "pgq-pause-button" not in inbox
     assert client.get(PAUSE, {"queue": "reports"}).status_code == 403
     assert client.post(RESUME, {"queue": "emails", "confirmed": "yes"}).status_code == 403
     assert "emails" in paused_queues()
@@ -70,13 +71,33 @@ def test_viewers_see_the_pause_but_cannot_pause(client):
 def test_operators_get_buttons_and_unknown_queues_a_message(client):
     login(client, "change_job")
     page = client.get(LAG).content.decode()
-    assert 'id="pgq-pause-form"' in page
-    assert '<option value="emails">' in page
+    # One button per queue above the table: a click there, a click to confirm.
+    assert f'href="{PAUSE}?queue=emails&amp;next=' in page
     assert 'id="pgq-paused-banner"' not in page
+    inbox = client.get(url("django_pgqueue_job_changelist")).content.decode()
+    assert 'id="pgq-queue-bar"' in inbox
+    assert f'href="{PAUSE}?queue=emails&amp;next=' in inbox
     pause_queue("emails")
     page = client.get(LAG).content.decode()
-    assert '<option value="emails">' not in page
+    assert f'href="{PAUSE}?queue=emails&amp;next=' not in page
     assert f"{RESUME}?queue=emails" in page
+    inbox = client.get(url("django_pgqueue_job_changelist")).content.decode()
+    assert f'href="{PAUSE}?queue=emails&amp;next=' not in inbox  # it has Resume instead
+    assert f"{RESUME}?queue=emails" in inbox
     done = client.post(PAUSE, {"queue": "nope", "confirmed": "yes"}, follow=True)
     assert any("'nope' is not one of" in message for message in messages_of(done))
     assert list(paused_queues()) == ["emails"]
+
+
+def test_a_pause_from_the_inbox_returns_to_the_inbox_and_no_other_site(client):
+    login(client, "change_job")
+    inbox = url("django_pgqueue_job_changelist") + "?queue=emails"
+    done = client.post(PAUSE, {"queue": "emails", "confirmed": "yes", "next": inbox})
+    assert done.status_code == 302
+    assert done["Location"] == inbox
+    assert "emails" in paused_queues()
+    elsewhere = client.post(
+        RESUME, {"queue": "emails", "confirmed": "yes", "next": "https://evil.example/"}
+    )
+    assert elsewhere["Location"] == LAG
+    assert "emails" not in paused_queues()

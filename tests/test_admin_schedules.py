@@ -63,13 +63,22 @@ def test_the_page_lists_schedules_in_words_with_last_fire_linked(client, schedul
     response = client.get(PAGE)
     assert response.status_code == 200
     text = response.text
+    assert "<title>Schedules |" in text  # not "Select schedule to change"
     assert "At 02:00 every day" in text
-    assert "Europe/Berlin" in text
-    assert "catch up at most 3" in text
-    assert "fire the latest missed once" in text
+    assert "02:00:00 Europe/Berlin" in text  # the next fire, in the schedule's zone
     assert url("django_pgqueue_job_change", job.pk) in text
     assert "pgq-status-pending" in text
     assert text.count("Active") >= 2
+    # A schedule's page: every detail, the times as on the list, and its actions.
+    nightly = client.get(url("django_pgqueue_schedule_change", "nightly")).text
+    assert "02:00:00 Europe/Berlin" in nightly
+    assert "fire the latest missed once" in nightly
+    assert 'value="pause_schedules"' in nightly
+    assert 'value="run_schedules_now"' in nightly
+    assert 'value="resume_schedules"' not in nightly  # it is not paused
+    minutely = client.get(url("django_pgqueue_schedule_change", "minutely")).text
+    assert "catch up at most 3" in minutely
+    assert url("django_pgqueue_job_change", job.pk) in minutely
 
 
 def test_pause_and_resume_are_confirmed_fenced_and_logged(client, schedules):
@@ -140,3 +149,20 @@ def test_a_scheduled_job_page_names_its_schedule_and_fire_time(client, schedules
     listed = client.get(PAGE, {"q": "minutely"})
     assert listed.status_code == 200
     assert "nightly" not in listed.text.split("result_list")[-1]
+
+
+def test_the_pause_button_of_a_schedules_page_leads_to_the_confirmation(client, schedules):
+    login(client, superuser=True)
+    page = client.get(url("django_pgqueue_schedule_change", "nightly"))
+    assert page.status_code == 200
+    # What the page's "Pause…" button posts: the confirmation page comes next.
+    confirm_page = client.post(
+        PAGE, {"action": "pause_schedules", "_selected_action": "nightly", "index": "0"}
+    )
+    assert confirm_page.templates[0].name == "django_pgqueue/admin/confirm_schedule_action.html"
+    done, _ = confirm(client, "pause_schedules", ["nightly"])
+    assert done.status_code == 302
+    assert Schedule.objects.get(name="nightly").paused_at is not None
+    paused = client.get(url("django_pgqueue_schedule_change", "nightly")).text
+    assert 'value="resume_schedules"' in paused
+    assert 'value="pause_schedules"' not in paused

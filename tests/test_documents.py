@@ -1,10 +1,15 @@
 """The README's quick start and the tutorial run as written, in a brand-new project.
 
 Each test takes the marked blocks of a document (see ``tests/documents.py``), creates a
-project in a temporary folder with a database of its own on the test server, follows
-the steps (settings, models, tasks, migrate, enqueue, a worker with ``--burst``) and
-ends with the job ``SUCCESSFUL``. They run on whichever Django the suite runs on, so
-the CI legs prove the documents on 5.2, 6.0 and 6.1.
+project in a temporary folder and follows the steps (settings, models, tasks, migrate,
+enqueue, a worker left running, the admin) until the job is ``SUCCESSFUL``. They run on
+whichever Django the suite runs on, so the CI legs prove the documents on 5.2, 6.0 and
+6.1.
+
+The tutorial runs on a PostgreSQL server of its own, started empty for the test: its
+commands create the database it configures (``createdb shop``), and its settings find
+the server as ``psql`` would, through ``PGHOST``. The README starts in an existing
+project whose database is PostgreSQL, so its test gives the project an empty database.
 """
 
 from __future__ import annotations
@@ -12,17 +17,21 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
+import psycopg
 import pytest
 
+from django_pgqueue.embedded import EmbeddedPostgres
 from tests.database import REPO
 from tests.documents import DISTRIBUTION, Step, extract, run_steps
 from tests.scratch import scratch_database
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
-# Only the database differs from what the documents configure: the reader's server is
+# Only the database differs from what the README's project has: the reader's server is
 # not the test server.
 SETTINGS_SHIM = """
 from mysite.settings import *  # noqa: F403
@@ -32,48 +41,96 @@ from django_pgqueue.embedded import database_settings
 DATABASES = {{"default": database_settings({url!r})}}
 """
 
+#: The test's own check that the README's job ran (the worker runs in the background).
+README_SUCCEEDED = Step(
+    "shell",
+    None,
+    "import time\n"
+    "deadline = time.monotonic() + 60\n"
+    "while str(result.status) != 'SUCCESSFUL' and time.monotonic() < deadline:\n"
+    "    time.sleep(0.1)\n"
+    "    result.refresh()\n"
+    "assert str(result.status) == 'SUCCESSFUL', result.status\n",
+    "test",
+)
+
+
+def clean_environment() -> dict[str, str]:
+    """Return this process's environment without the test suite's own settings."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PGQUEUE_", "DJANGO_", "DATABASE_URL", "PG"))
+    } | {"PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def readme_steps() -> list[Step]:
+    """Return the README's quick start, in the project with an app called shop it assumes."""
+    steps = extract(REPO / "README.md")
+    assert {step.action for step in steps} >= {"append", "file", "run", "shell", "background"}
+    create = Step("run", None, "django-admin startproject mysite .\n", "test")
+    app = Step("run", None, "python manage.py startapp shop\n", "test")
+    return [create, app, *steps, README_SUCCEEDED]
+
 
 @pytest.fixture
-def project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+def readme_project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
     """Return an empty project folder and the environment its commands run in."""
     with scratch_database("docs") as url:
         (tmp_path / "docs_test_settings.py").write_text(SETTINGS_SHIM.format(url=url))
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("PGQUEUE_", "DJANGO_", "DATABASE_URL"))
-        }
-        env |= {
-            "DJANGO_SETTINGS_MODULE": "docs_test_settings",
-            # The shell step imports the step runner from the repository's tests package.
-            "PYTHONPATH": str(REPO),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        yield tmp_path, env
+        yield tmp_path, clean_environment() | {"DJANGO_SETTINGS_MODULE": "docs_test_settings"}
 
 
-def test_the_readme_quick_start_runs_as_written(project):
-    folder, env = project
-    steps = extract(REPO / "README.md")
-    assert {step.action for step in steps} >= {"append", "file", "run", "shell"}
-    # The README starts in an existing project with an app called shop.
-    create = Step("run", None, "django-admin startproject mysite .\n", "test")
-    app = Step("run", None, "python manage.py startapp shop\n", "test")
-    succeeded = Step(
-        "shell",
-        None,
-        "result.refresh()\nassert str(result.status) == 'SUCCESSFUL', result.status\n",
-        "test",
-    )
-    run_steps([create, app, *steps, succeeded], folder, env)
+@pytest.fixture
+def fresh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """Return a PostgreSQL server started empty for the test, stopped afterwards."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
 
 
-def test_the_tutorial_ends_in_successful(project):
-    folder, env = project
+def test_the_readme_quick_start_runs_as_written(readme_project):
+    folder, env = readme_project
+    run_steps(readme_steps(), folder, env)
+    worker_log = (folder / ".docs-test-runqueueworker-0.log").read_text()
+    assert "job 1 succeeded" in worker_log, worker_log
+    assert "stopped after 1 jobs" in worker_log  # Ctrl-C drained it
+
+
+def test_the_tutorial_runs_as_written_on_a_new_server(tmp_path, fresh_server):
     steps = extract(REPO / "docs" / "tutorial.md")
     sessions = [step.text for step in steps if step.action == "session"]
     assert any("SUCCESSFUL" in text for text in sessions), "the tutorial must show the success"
-    run_steps(steps, folder, env)
+    assert steps[0].text.startswith("pip install"), "the tutorial starts with the install"
+    env = clean_environment() | {
+        # What the reader's shell has: the server's client programs, and where it is.
+        "PATH": f"{fresh_server.bindir}{os.pathsep}{os.environ['PATH']}",
+        "PGHOST": str(fresh_server.socket_dir),
+        "PGUSER": "postgres",
+    }
+    run_steps(steps, tmp_path, env)
+
+    # Step 8 says what the worker logs, and how long the retries wait: check both.
+    worker_log = (tmp_path / ".docs-test-runqueueworker-0.log").read_text()
+    retries = re.findall(r"job 2 failed, will retry: .*", worker_log)
+    assert len(retries) == 2, worker_log
+    assert all(
+        "error=shop.models.Order.DoesNotExist: Order matching query does not exist." in line
+        for line in retries
+    ), retries
+    assert len(re.findall(r"job 2 dead-lettered: .*", worker_log)) == 1, worker_log
+    assert worker_log.count("Traceback (most recent call last)") == 1, worker_log
+    assert "stopped after" in worker_log  # Ctrl-C drained it
+    with psycopg.connect(fresh_server.url("shop")) as conn:
+        (history,) = conn.execute("SELECT errors FROM django_pgqueue_job WHERE id = 2").fetchone()
+    failed_at = [datetime.fromisoformat(entry["at"]) for entry in history]
+    gaps = [(later - earlier).total_seconds() for earlier, later in pairwise(failed_at)]
+    # 2 s then 4 s, each +/-20%, started within the poll interval (1 s), plus the attempt.
+    assert 1.6 <= gaps[0] <= 2.4 + 1.5, gaps
+    assert 3.2 <= gaps[1] <= 4.8 + 1.5, gaps
 
 
 def test_every_install_line_names_the_distribution():

@@ -8,7 +8,10 @@ the job back, once per job, in a WARNING an operator can act on.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import uuid
 
 import pytest
 
@@ -99,3 +102,52 @@ def test_a_second_worker_warns_about_the_same_job_once_too(workers, observer):
             line for line in worker.output().splitlines() if "WARNING" in line and MISSING in line
         ]
         assert len(warnings) == 1, worker.output()
+
+
+def test_one_line_per_job_until_its_task_is_deployed_then_it_runs(
+    workers, observer, tmp_path, monkeypatch
+):
+    # A module that does not exist yet, on the worker's path: "deploying" it writes it.
+    module = f"late_module_{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
+    job_id = Job.objects.enqueue(f"{module}.late_task").pk
+    worker = workers(*FAST, settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
+    generation = 0
+    for _ in range(3):
+        job = wait_for(
+            lambda generation=generation: _released(job_id, generation),
+            timeout=60,
+            message=f"job {job_id} to be given back\n{worker.output()}",
+        )
+        generation = job.lease_generation
+        Job.objects.run_now([job_id])
+    (tmp_path / f"{module}.py").write_text(
+        "from django_pgqueue import task\n\n\n@task()\ndef late_task():\n    return 'deployed'\n"
+    )
+    wait_for(
+        lambda: Job.objects.get(pk=job_id).status == JobStatus.SUCCEEDED,
+        timeout=60,
+        message=f"job {job_id} to run once its task exists\n{worker.output()}",
+    )
+    lines = [line for line in worker.output().splitlines() if f"job {job_id}" in line]
+    # The warning once, however many times it was given back; then the run as usual.
+    assert len(lines) == 3, "\n".join(lines)
+    assert "WARNING" in lines[0]
+    assert "cannot import task" in lines[0]
+    assert f"job {job_id} started" in lines[1]
+    assert f"job {job_id} succeeded" in lines[2]
+
+
+def test_max_jobs_counts_only_attempts_that_ran(workers, observer):
+    # The unknown job is claimed first (higher priority) and given back: that ran nothing,
+    # so --max-jobs 1 still runs the next job before it exits.
+    unknown_id = Job.objects.enqueue(MISSING, priority=50).pk
+    known_id = Job.objects.enqueue("tests.tasks.add", args=[2, 3]).pk
+    worker = workers(*FAST, "--max-jobs", "1", settings={"UNKNOWN_TASK_TIMEOUT_SECONDS": 600})
+    assert worker.wait(60) == 0, worker.output()
+    assert Job.objects.get(pk=known_id).status == JobStatus.SUCCEEDED, worker.output()
+    unknown = Job.objects.get(pk=unknown_id)
+    assert unknown.status == JobStatus.PENDING
+    assert unknown.lease_generation >= 1  # it was claimed, and given back unrun
+    assert unknown.attempts == 0
+    assert "stopped after 1 jobs" in worker.output()

@@ -8,8 +8,10 @@ and an edit to it while the worker runs.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -18,6 +20,7 @@ import pytest
 
 from django_pgqueue.compat import TaskResultStatus, task_backends
 from django_pgqueue.models import Job
+from tests.database import REPO
 from tests.workers import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.one_server]
@@ -116,3 +119,111 @@ def test_a_stop_signal_drains_the_reloading_worker(workers, observer, signum):
     output = worker.output()
     assert "stopped after 1 jobs" in output
     assert output.count("started: queues=") == 1
+
+
+RELOAD_SETTINGS = """
+from tests.settings import *  # noqa: F403
+
+INSTALLED_APPS = [*INSTALLED_APPS, {app!r}]  # noqa: F405
+ROOT_URLCONF = "{app}.urls"
+"""
+# Like the tutorial's shop: the URLs import the views, the views the tasks, so the system
+# checks import the task module before any job runs.
+RELOAD_URLS = """
+from . import tasks  # noqa: F401
+
+urlpatterns = []
+"""
+BROKEN_TASKS = """
+from django_pgqueue import task
+
+
+@task()
+def code_version(:
+    return "broken"
+"""
+
+
+def test_a_syntax_error_keeps_the_worker_watching_and_the_fix_restarts_it(
+    db_url, tmp_path, observer
+):
+    app = f"reload_app_{uuid.uuid4().hex[:8]}"
+    package = tmp_path / app
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "urls.py").write_text(RELOAD_URLS)
+    tasks = package / "tasks.py"
+    mtime = tmp_path.stat().st_mtime
+    _write(tasks, "first", mtime)
+    (tmp_path / f"{app}_settings.py").write_text(RELOAD_SETTINGS.format(app=app))
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "DJANGO_SETTINGS_MODULE": f"{app}_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = tmp_path / "worker.log"
+    with log.open("wb") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.manage", "runqueueworker", "--reload", "-v1"],
+            cwd=REPO,
+            env=env,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+
+        def output() -> str:
+            return log.read_text(errors="replace")
+
+        def run(version: str) -> None:
+            job = Job.objects.enqueue(f"{app}.tasks.code_version")
+            wait_for(
+                lambda: observer.execute(
+                    "SELECT result FROM django_pgqueue_job WHERE id = %s AND status = 'succeeded'",
+                    [job.pk],
+                ).fetchone(),
+                timeout=60,
+                message=f"job {job.pk} to succeed with {version!r}\n{output()}",
+            )
+            (result,) = observer.execute(
+                "SELECT result FROM django_pgqueue_job WHERE id = %s", [job.pk]
+            ).fetchone()
+            assert json.loads(result) == version
+
+        wait_for(lambda: "started: queues=" in output(), timeout=60, message="the worker")
+        run("first")
+
+        edits = iter(range(1, 1000))
+
+        def break_and_see_it_reported() -> bool:
+            # The reloader snapshots mtimes once a second: edit until it notices.
+            tasks.write_text(BROKEN_TASKS)
+            step = next(edits)
+            os.utime(tasks, (mtime + step, mtime + step))
+            return "the worker is not running: " in output()
+
+        wait_for(break_and_see_it_reported, timeout=60, interval=0.5, message="the report")
+        text = output()
+        assert "SyntaxError" in text
+        assert str(tasks) in text  # which file, as the traceback says
+        assert "restarts the worker once a watched file changes" in text
+        assert process.poll() is None, text  # the command lives on
+
+        def fix_and_see_restart() -> bool:
+            _write(tasks, "second", mtime + next(edits))
+            return output().count("started: queues=") == 2
+
+        wait_for(fix_and_see_restart, timeout=60, interval=0.5, message="the restart")
+        run("second")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            code = process.wait()
+        print(log.read_text(errors="replace"))
+    assert code == 0

@@ -37,7 +37,7 @@ from .filters import (
     QueueFilter,
     TaskFilter,
 )
-from .formatting import moment
+from .formatting import moment, task_link
 from .jobs import BaseJobAdmin
 
 __all__ = ["DeadLetterAdmin"]
@@ -49,7 +49,10 @@ GROUPS_SHOWN = 500
 class DeadLetterAdmin(BaseJobAdmin):
     """Dead-lettered jobs only, with the grouped view and retry/discard actions."""
 
-    list_display = ("id", "task", "status_display", "queue_name", "when", "error", "dependents")
+    # Every row is a dead letter: no status column, and the error gets its width. A
+    # failure's cancelled dependents (rare) lead the error cell, where a column of their
+    # own, empty on almost every row, took the error's width.
+    list_display = ("id", "task", "queue_name", "when", "error")
     list_filter = (
         QueueFilter,
         TaskFilter,
@@ -80,7 +83,14 @@ class DeadLetterAdmin(BaseJobAdmin):
             .annotate(cancelled_dependents=Subquery(cancelled))
         )
 
-    @admin.display(description=_("dependents"), empty_value="")
+    @admin.display(description=_("error"), empty_value="")
+    def error(self, job: Job) -> SafeString:
+        """Show how many jobs its failure cancelled (if any), then the last error."""
+        error = super().error(job)
+        dependents = self.dependents(job)
+        # One span in the cell: the stylesheet clips it to the width left, on one line.
+        return format_html("<span>{} {}</span>", dependents, error) if dependents else error
+
     def dependents(self, job: Job) -> SafeString:
         """Show how many jobs that ran after this one its failure cancelled."""
         count = getattr(job, "cancelled_dependents", None) or 0
@@ -115,6 +125,7 @@ class DeadLetterAdmin(BaseJobAdmin):
             {
                 "group": group,
                 "newest": moment(group.sample_finished_at, gettext("newest dead letter")),
+                "error_class": (group.last_error_class or "").rpartition(".")[2],
                 "url": changelist
                 + "?"
                 + urlencode(
@@ -126,6 +137,8 @@ class DeadLetterAdmin(BaseJobAdmin):
             }
             for group in groups
         ]
+        for row, group in zip(rows, groups, strict=True):
+            row["task"] = task_link(group.task_path, str(row["url"]))
         actions = self.get_actions(request)
         context = {
             **self.admin_site.each_context(request),

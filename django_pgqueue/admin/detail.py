@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import messages
 from django.contrib.admin.exceptions import NotRegistered
-from django.contrib.admin.utils import unquote
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -123,6 +123,7 @@ def render_job_detail(
         **_partition(job),
         **_dependencies(job),
         "flow_wait": describe_wait(job),
+        **_claimed_by(model_admin, request, job),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/job_detail.html", context)
@@ -253,6 +254,30 @@ def _operations(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) ->
         and operation.applies(job)
         and has_operation_permission(model_admin, request, operation)
     ]
+
+
+def _claimed_by(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) -> dict[str, Any]:
+    """Return the link to the page of the worker that claimed the job, if it has one.
+
+    Housekeeping forgets dead workers after a while: such a worker has no page any more.
+    """
+    if not job.claimed_by:
+        return {}
+    site = model_admin.admin_site
+    try:
+        workers = site.get_model_admin(Worker)
+    except NotRegistered:
+        return {}
+    if not workers.has_view_permission(request):
+        return {}
+    if not Worker.objects.using(job._state.db).filter(pk=job.claimed_by).exists():
+        return {"claimed_by_gone": True}
+    url = reverse(
+        f"admin:{Worker._meta.app_label}_worker_change",
+        args=[quote(job.claimed_by)],
+        current_app=site.name,
+    )
+    return {"claimed_by_url": url}
 
 
 def _overdue(job: Job) -> bool:

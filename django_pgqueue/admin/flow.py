@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -94,12 +96,14 @@ def describe_wait(job: Job) -> str | None:
 class FlowControlAdmin(_ModelAdmin):
     """Each concurrency key with work: limit, in flight, rate, jobs waiting on it."""
 
-    list_display = ("concurrency_key", "queue", "in_flight_display", "rate_display", "waiting")
+    list_display = ("concurrency_key", "queue_name", "in_flight_display", "rate_display", "waiting")
     list_filter = ("queue",)
     show_facets = admin.ShowFacets.NEVER
     search_fields = ("concurrency_key",)
     ordering = ("queue", "concurrency_key")
     list_per_page = 100
+    # Says what the page lists, and why it may be empty right after limited jobs ran.
+    change_list_template = "django_pgqueue/admin/flow_changelist.html"
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}
@@ -125,15 +129,33 @@ class FlowControlAdmin(_ModelAdmin):
             {"title": _("Flow control: concurrency and rate limits"), **(extra_context or {})},
         )
 
+    # The list's cells are short ("3/4", "20/1s · 5 used") so that the table fits its
+    # column at 1280x800 with the sidebar open; a job's page says it in words.
     @admin.display(description=_("in flight"))
     def in_flight_display(self, row: ConcurrencyKey) -> str:
-        """Return "3/4 in flight"."""
-        return _limit_text(row)
+        """Return "3/4" (in flight, of the limit), or "3, no limit"."""
+        if row.max_in_flight >= UNBOUNDED:
+            return gettext("%(n)s, no limit") % {"n": row.in_flight}
+        return f"{row.in_flight}/{row.max_in_flight}"
 
     @admin.display(description=_("rate"))
-    def rate_display(self, row: ConcurrencyKey) -> str:
+    def rate_display(self, row: ConcurrencyKey) -> SafeString | str:
         """Return the rate limit and how much of this period's budget is spent."""
-        return _rate_text(row)
+        tokens = tokens_now(row)
+        if tokens is None or row.rate_limit is None or row.rate_period is None:
+            return "—"
+        return format_html(
+            '<span title="{}">{}/{}s · {}</span>',
+            _rate_text(row),
+            row.rate_limit,
+            f"{row.rate_period:g}",
+            gettext("%(used)s used") % {"used": max(row.rate_limit - int(tokens), 0)},
+        )
+
+    @admin.display(description=_("queue"), ordering="queue")
+    def queue_name(self, row: ConcurrencyKey) -> str:
+        """Return the queue of the key's next job (the model's label is long for a header)."""
+        return row.queue or "—"
 
     @admin.display(description=_("jobs waiting"))
     def waiting(self, row: ConcurrencyKey) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "pretty_json",
     "relative",
     "status_badge",
+    "task_link",
     "worker_badge",
 ]
 
@@ -141,3 +142,21 @@ def pretty_json(value: Any, *, limit: int = PAYLOAD_DISPLAY_LIMIT) -> str:
         omitted = len(text) - limit
         text = text[:limit] + "\n" + _("… %(count)d more characters") % {"count": omitted}
     return text
+
+
+def task_link(task_path: str, url: str) -> SafeString:
+    """Return a task path as a link, its function's name first and whole ("send_receipt"),
+    then its module in grey ("orders.tasks"), which a narrow column cuts short.
+
+    Cutting the path's start instead left "or…" in one row and "ord…" in the next, the
+    name pushed out of sight; every row now reads the same way.
+    """
+    module, _dot, name = task_path.rpartition(".")
+    return format_html(
+        '<a class="pgq-task" href="{}" title="{}"><span class="pgq-task-name">{}</span> '
+        '<span class="pgq-task-module">{}</span></a>',
+        url,
+        task_path,
+        name,
+        module,
+    )

@@ -36,10 +36,12 @@ from .filters import (
     StatusFilter,
     TaskFilter,
 )
-from .formatting import moment, status_badge
+from .formatting import moment, status_badge, task_link
 from .pagination import EstimatedCountPaginator
 from .parameters import drop_unstorable_parameters
-from .pauses import can_pause, paused_queues_for
+from .pauses import can_pause, pause_links, paused_queues_for
+from .queues import known_queues
+from .stuck import stuck_lines
 
 __all__ = ["BaseJobAdmin", "JobAdmin"]
 
@@ -142,19 +144,9 @@ class BaseJobAdmin(_ModelAdmin):
     # task and error to the width left, and the tooltips hold the whole text.
     @admin.display(description=_("task"))
     def task(self, job: Job) -> SafeString:
-        """Show the task path, linked to the listing of that task's jobs.
-
-        Where the column is narrow, the module is cut short and the function's name stays.
-        """
-        module, dot, name = job.task_path.rpartition(".")
-        return format_html(
-            '<a class="pgq-task" href="?{}" title="{}"><span class="pgq-task-module">{}</span>'
-            '<span class="pgq-task-name">{}</span></a>',
-            urlencode({"task": job.task_path}),
-            job.task_path,
-            module + dot,
-            name,
-        )
+        """Show the task, linked to the listing of that task's jobs: its function's name
+        whole, then its module, cut to the width left (the tooltip has the whole path)."""
+        return task_link(job.task_path, f"?{urlencode({'task': job.task_path})}")
 
     @admin.display(description=_("queue"))
     def queue_name(self, job: Job) -> SafeString:
@@ -218,6 +210,8 @@ class BaseJobAdmin(_ModelAdmin):
 
     #: Title of the listing page (Django's is "Select job to change").
     listing_title: Any = _("Jobs")
+    #: Whether the listing shows what is stuck above the jobs (the inbox does).
+    shows_stuck = False
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -226,12 +220,16 @@ class BaseJobAdmin(_ModelAdmin):
         redirect = drop_unstorable_parameters(request)
         if redirect is not None:
             return redirect
+        paused = paused_queues_for(self)
+        queues = known_queues(self.model.objects.db) if self.shows_stuck else []
         return super().changelist_view(
             request,
             {
                 "title": self.listing_title,
-                "paused": paused_queues_for(self),
+                "paused": paused,
                 "can_pause": can_pause(request),
+                "stuck": stuck_lines(self, request, queues) if self.shows_stuck else None,
+                "pausable_queues": pause_links(request, queues, paused),
                 **(extra_context or {}),
             },
         )
@@ -261,8 +259,9 @@ class BaseJobAdmin(_ModelAdmin):
 
 
 class JobAdmin(BaseJobAdmin):
-    """The inbox: all jobs."""
+    """The inbox: all jobs, under what is stuck right now."""
 
+    shows_stuck = True
     list_display = ("id", "task", "status_display", "queue_name", "when", "error")
     list_filter = (
         StatusFilter,

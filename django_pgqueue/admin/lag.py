@@ -36,8 +36,9 @@ from ..states import JobStatus
 from ..values import PausedQueue, QueueLag, QueueMinute
 from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
 from .formatting import compact, duration, exact
-from .pauses import can_pause, paused_queues_for, queue_pause_view
+from .pauses import can_pause, pause_links, paused_queues_for, queue_pause_view
 from .queues import configured_queues
+from .stuck import stuck_lines
 from .svg import ChartPoint, minute_series, throughput_chart
 
 if TYPE_CHECKING:
@@ -53,6 +54,9 @@ COUNT_LIMIT = 10_000
 CHART_MINUTES = 60
 #: The short throughput window, in minutes.
 RECENT_MINUTES = 5
+#: Pixels of each queue's one-hour chart: narrow enough that the table, with its
+#: optional columns (unknown task, blocked), fits 1280x800 with the sidebar open.
+SPARKLINE_WIDTH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +188,7 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
                 hour=_total(series, last_minute),
                 chart=throughput_chart(
                     series,
-                    width=120,
+                    width=SPARKLINE_WIDTH,
                     height=24,
                     title=gettext("%(queue)s: finished jobs and longest wait per minute")
                     % {"queue": lag.queue},
@@ -219,6 +223,8 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
         "measured_at": measured_at,
         "paused": paused,
         "can_pause": can_pause(request),
+        "stuck": stuck_lines(model_admin, request, queues),
+        "pausable_queues": pause_links(request, [row.lag.queue for row in rows], paused),
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_pgqueue/admin/lag.html", context)

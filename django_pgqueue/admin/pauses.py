@@ -9,7 +9,9 @@ operator actions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -19,6 +21,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
 else:  # ModelAdmin is generic for the type checker only
     _ModelAdmin = admin.ModelAdmin
 
-__all__ = ["can_pause", "paused_queues_for", "queue_pause_view"]
+__all__ = ["QUEUES_SHOWN", "can_pause", "pause_links", "paused_queues_for", "queue_pause_view"]
 
 #: Longest reason the form accepts.
 REASON_MAX_LENGTH = 500
@@ -44,6 +47,28 @@ def can_pause(request: HttpRequest) -> bool:
     return bool(
         request.user.has_perm(f"{opts.app_label}.{get_permission_codename('change', opts)}")
     )
+
+
+#: Queues offered a pause button above the lag table and the inbox.
+QUEUES_SHOWN = 20
+
+
+def pause_links(
+    request: HttpRequest, queues: Iterable[str], paused: Iterable[PausedQueue]
+) -> list[tuple[str, str]]:
+    """Return (queue, URL of its pause confirmation) of each running queue, for users who
+    may pause; the confirmation returns to this page. Paused queues are in the banner,
+    with their Resume button, instead."""
+    if not can_pause(request):
+        return []
+    stopped = {pause.queue for pause in paused}
+    address = reverse("admin:django_pgqueue_lag_pause")
+    back = request.get_full_path()
+    return [
+        (queue, f"{address}?{urlencode({'queue': queue, 'next': back})}")
+        for queue in queues
+        if queue not in stopped
+    ][:QUEUES_SHOWN]
 
 
 def paused_queues_for(model_admin: _ModelAdmin) -> list[PausedQueue]:
@@ -58,6 +83,12 @@ def queue_pause_view(model_admin: _ModelAdmin, request: HttpRequest, action: str
     queue = request.POST.get("queue") or request.GET.get("queue") or ""
     using = model_admin.model.objects.db
     lag_url = reverse("admin:django_pgqueue_lag", current_app=model_admin.admin_site.name)
+    # Back where the button was (the inbox, say), if that is a page of this site.
+    back = request.POST.get("next") or request.GET.get("next") or ""
+    if back and url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        lag_url = back
     reason = request.POST.get("reason", "").strip()[:REASON_MAX_LENGTH]
     if request.method != "POST" or request.POST.get("confirmed") != "yes":
         label = _("Pause queue") if action == "pause" else _("Resume queue")
@@ -72,6 +103,7 @@ def queue_pause_view(model_admin: _ModelAdmin, request: HttpRequest, action: str
             "current": paused_queues(using=using).get(queue),
             "reason_max_length": REASON_MAX_LENGTH,
             "lag_url": lag_url,
+            "next": lag_url,
         }
         request.current_app = model_admin.admin_site.name
         return TemplateResponse(request, "django_pgqueue/admin/confirm_queue_pause.html", context)

@@ -13,15 +13,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
+from zoneinfo import ZoneInfo
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import unquote
 from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -33,7 +37,7 @@ from ..models import Schedule
 from ..periodic import fire_key
 from ..runners import DjangoRunner
 from ..scheduling import pause, resume, run_now
-from .formatting import relative, status_badge
+from .formatting import age, exact, pretty_json, relative, status_badge
 
 __all__ = ["ScheduleAdmin"]
 
@@ -63,18 +67,10 @@ class ScheduleAction:
 class ScheduleAdmin(_ModelAdmin):
     """Periodic schedules with their timing, last fire's job, and operator actions."""
 
-    list_display = (
-        "name",
-        "description",
-        "timezone",
-        "next_fire",
-        "last_fire",
-        "state",
-        "task_path",
-        "queue",
-        "downtime_display",
-    )
-    list_filter = ("queue", "downtime")
+    # What fits 1280x800 with the sidebar open: the timetable and the state. The task,
+    # queue, arguments, limits and downtime policy are on the schedule's page.
+    list_display = ("name", "description", "next_fire", "last_fire", "state", "task")
+    # No filter column: a project has a handful of schedules, and the search finds one.
     search_fields = ("name", "task_path")
     show_facets = admin.ShowFacets.NEVER
     ordering = ("name",)
@@ -117,7 +113,104 @@ class ScheduleAdmin(_ModelAdmin):
         """Allow the actions (change permission), never the edit form."""
         return obj is None and super().has_change_permission(request)
 
+    # ------------------------------------------------------------------ pages
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Render the listing under a plain title (Django's is "Select schedule to change")."""
+        return super().changelist_view(request, {"title": _("Schedules"), **(extra_context or {})})
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """Render the schedule's read-only page, with its actions as buttons."""
+        if request.method not in {"GET", "HEAD"}:
+            raise PermissionDenied  # nothing here is edited in a form
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        schedule = self.get_object(request, unquote(object_id))
+        changelist = reverse(
+            "admin:django_pgqueue_schedule_changelist", current_app=self.admin_site.name
+        )
+        if schedule is None:
+            self.message_user(
+                request,
+                _("Schedule %(name)s is not declared any more.") % {"name": object_id},
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(changelist)
+        actions = self.get_actions(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Schedule %(name)s") % {"name": schedule.name},
+            "subtitle": schedule.description,
+            "opts": self.opts,
+            "original": schedule,
+            "schedule": schedule,
+            "has_view_permission": True,
+            "changelist_url": changelist,
+            "facts": [
+                (
+                    _("when"),
+                    format_html("{} <code>{}</code>", schedule.description, schedule.expression),
+                ),
+                (_("time zone"), schedule.timezone),
+                (_("next fire"), _moment(schedule.next_fire_at, schedule.timezone)),
+                (
+                    _("last fire"),
+                    self._last_fire(schedule, _moment(schedule.last_fire_at, schedule.timezone))
+                    if schedule.last_fire_at
+                    else "—",
+                ),
+                (_("state"), self.state(schedule)),
+                (_("task"), format_html("<code>{}</code>", schedule.task_path)),
+                (_("queue"), schedule.queue),
+                (_("priority"), schedule.priority),
+                (_("max attempts"), schedule.max_attempts or "—"),
+                (_("arguments"), format_html("<code>{}</code>", pretty_json(schedule.args))),
+                (
+                    _("keyword arguments"),
+                    format_html("<code>{}</code>", pretty_json(schedule.kwargs)),
+                ),
+                (_("limits"), self.limits(schedule)),
+                (_("after downtime"), self.downtime_display(schedule)),
+                (_("declared since"), _moment(schedule.created_at)),
+                (_("synced from the code"), _moment(schedule.updated_at)),
+            ],
+            "buttons": [
+                (name, label)
+                for name, label in (
+                    ("pause_schedules", _("Pause…")),
+                    ("resume_schedules", _("Resume…")),
+                    ("run_schedules_now", _("Run now…")),
+                )
+                if name in actions
+                and (name != "pause_schedules" or schedule.paused_at is None)
+                and (name != "resume_schedules" or schedule.paused_at is not None)
+            ],
+            "checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "django_pgqueue/admin/schedule_detail.html", context)
+
     # ------------------------------------------------------------------ columns
+    @admin.display(description=_("task"), ordering="task_path")
+    def task(self, obj: Schedule) -> SafeString:
+        """Show the task, its function's name first, and its queue."""
+        module, _dot, name = obj.task_path.rpartition(".")
+        return format_html(
+            '<span class="pgq-task" title="{} · {}"><span class="pgq-task-name">{}</span> '
+            '<span class="pgq-task-module">{}</span></span>',
+            obj.task_path,
+            obj.queue,
+            name,
+            module,
+        )
+
     @admin.display(description=_("limits"))
     def limits(self, obj: Schedule) -> str:
         """Return the fired jobs' concurrency key and limits, or a dash."""
@@ -135,27 +228,25 @@ class ScheduleAdmin(_ModelAdmin):
 
     @admin.display(description=_("next fire"), ordering="next_fire_at")
     def next_fire(self, obj: Schedule) -> SafeString:
-        """Return the next fire time with how far away it is."""
-        return _moment(obj.next_fire_at)
+        """Return how far away the next fire is ("in 5m"), exact in the tooltip."""
+        return _age(obj.next_fire_at, obj.timezone)
 
     @admin.display(description=_("last fire"), ordering="last_fire_at")
     def last_fire(self, obj: Schedule) -> SafeString | str:
         """Return the last fire time and its job's status, linked to the job."""
         if obj.last_fire_at is None:
             return "—"
+        return self._last_fire(obj, _age(obj.last_fire_at, obj.timezone))
+
+    def _last_fire(self, obj: Schedule, when: SafeString) -> SafeString | str:
+        assert obj.last_fire_at is not None
         key = fire_key(obj.name, obj.last_fire_at)
         found = QueueStore(DjangoRunner(obj._state.db or "default")).jobs_by_keys([key])
         if key not in found:
-            return format_html("{} · {}", _moment(obj.last_fire_at), _("job pruned"))
+            return format_html("{} · {}", when, _("job pruned"))
         job_id, status = found[key]
         url = reverse("admin:django_pgqueue_job_change", args=[job_id])
-        return format_html(
-            '{} · <a href="{}">#{}</a> {}',
-            _moment(obj.last_fire_at),
-            url,
-            job_id,
-            status_badge(status),
-        )
+        return format_html('{} · <a href="{}">#{}</a> {}', when, url, job_id, status_badge(status))
 
     @admin.display(description=_("state"), ordering="paused_at")
     def state(self, obj: Schedule) -> SafeString:
@@ -287,11 +378,30 @@ class ScheduleAdmin(_ModelAdmin):
         return None
 
 
-def _moment(moment: datetime) -> SafeString:
+def _exact(moment: datetime, zone: str | None) -> str:
+    if zone:
+        return f"{timezone.localtime(moment, ZoneInfo(zone)):%Y-%m-%d %H:%M:%S} {zone}"
+    return exact(moment)
+
+
+def _age(moment: datetime, zone: str | None = None) -> SafeString:
+    # The list's compact form: "in 5m", "2h"; the tooltip is the page's exact form.
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        moment.isoformat(),
+        _exact(moment, zone),
+        age(moment),
+    )
+
+
+def _moment(moment: datetime, zone: str | None = None) -> SafeString:
+    # One format on the list and on a schedule's page: to the second, in the schedule's
+    # time zone (named), else the site's.
+    text = _exact(moment, zone)
     return format_html(
         '<span title="{}">{}</span> <span class="pgq-muted">({})</span>',
         moment.isoformat(),
-        f"{moment:%Y-%m-%d %H:%M:%S %Z}",
+        text,
         relative(moment),
     )
 

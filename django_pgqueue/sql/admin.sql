@@ -291,3 +291,115 @@ WHERE job.status = 'processing'
   AND job.lease_expires_at IS NOT NULL
   AND job.claimed_by = ANY (%(worker_ids)s::text[])
 GROUP BY job.claimed_by
+
+
+-- name: stuck_work
+-- What is stuck, and since when: running jobs whose lease ran out (per queue); workers
+-- alive or draining that stopped heartbeating (a crash, SIGSTOP, a cut network), with
+-- the jobs they hold; queues with ready jobs that no live worker serves (paused queues
+-- aside: they are stopped on purpose); and concurrency keys at their in-flight limit
+-- with ready jobs waiting. At most row_limit rows of each kind, the oldest first; job
+-- counts stop at count_limit.
+-- Uses pgq_job_lease (expired leases, and each silent worker's jobs), the registry,
+-- the pauses and the concurrency keys whole (one row per worker process, paused queue
+-- or key with work), pgq_job_pending (one capped probe per unserved queue) and
+-- pgq_job_conc_pending (one capped probe per key at its limit).
+WITH live_worker AS (
+    SELECT worker.queues
+    FROM django_pgqueue_worker AS worker
+    WHERE worker.status = 'alive'
+      AND worker.last_seen_at >= now() - make_interval(secs => %(timeout_seconds)s)
+),
+expired AS (
+    SELECT 'expired_lease'::text AS kind, job.queue AS subject, job.queue,
+        count(*) AS jobs, min(job.lease_expires_at) AS since, NULL::integer AS max_in_flight
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'processing'
+      AND job.lease_expires_at IS NOT NULL
+      AND job.lease_expires_at < now()
+    GROUP BY job.queue
+    ORDER BY since
+    LIMIT %(row_limit)s
+),
+silent AS (
+    SELECT 'stalled_worker'::text AS kind, worker.id AS subject, NULL::text AS queue,
+        (
+            SELECT count(*)
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'processing'
+              AND job.lease_expires_at IS NOT NULL
+              AND job.claimed_by = worker.id
+        ) AS jobs,
+        worker.last_seen_at AS since, NULL::integer AS max_in_flight
+    FROM django_pgqueue_worker AS worker
+    WHERE worker.status IN ('alive', 'draining')
+      AND worker.last_seen_at < now() - make_interval(secs => %(timeout_seconds)s)
+    ORDER BY worker.last_seen_at
+    LIMIT %(row_limit)s
+),
+unserved AS (
+    SELECT 'unserved_queue'::text AS kind, wanted.queue AS subject, wanted.queue,
+        (
+            SELECT count(*)
+            FROM (
+                SELECT 1
+                FROM django_pgqueue_job AS job
+                WHERE job.status = 'pending'
+                  AND job.queue = wanted.queue
+                  AND job.available_at <= now()
+                  AND job.unknown_task_since IS NULL
+                LIMIT %(count_limit)s
+            ) AS capped
+        ) AS jobs,
+        (
+            SELECT min(job.available_at)
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'pending'
+              AND job.queue = wanted.queue
+              AND job.available_at <= now()
+              AND job.unknown_task_since IS NULL
+        ) AS since,
+        NULL::integer AS max_in_flight
+    FROM (SELECT DISTINCT unnest(%(queues)s::text[]) AS queue) AS wanted
+    WHERE NOT EXISTS (SELECT 1 FROM live_worker WHERE live_worker.queues ? wanted.queue)
+      AND NOT EXISTS (
+          SELECT 1 FROM django_pgqueue_queue_pause AS pause WHERE pause.queue = wanted.queue
+      )
+),
+full_key AS (
+    SELECT 'full_key'::text AS kind, limited.concurrency_key AS subject, limited.queue,
+        (
+            SELECT count(*)
+            FROM (
+                SELECT 1
+                FROM django_pgqueue_job AS job
+                WHERE job.status = 'pending'
+                  AND job.concurrency_key = limited.concurrency_key
+                  AND job.available_at <= now()
+                LIMIT %(count_limit)s
+            ) AS capped
+        ) AS jobs,
+        (
+            SELECT min(job.available_at)
+            FROM django_pgqueue_job AS job
+            WHERE job.status = 'pending'
+              AND job.concurrency_key = limited.concurrency_key
+              AND job.available_at <= now()
+        ) AS since,
+        limited.max_in_flight
+    FROM django_pgqueue_concurrency AS limited
+    WHERE limited.in_flight >= limited.max_in_flight
+)
+SELECT stuck.kind, stuck.subject, stuck.queue, stuck.jobs, stuck.since, stuck.max_in_flight
+FROM (
+    SELECT * FROM expired
+    UNION ALL
+    SELECT * FROM silent
+    UNION ALL
+    (SELECT * FROM unserved WHERE unserved.jobs > 0 ORDER BY unserved.since LIMIT %(row_limit)s)
+    UNION ALL
+    (SELECT * FROM full_key WHERE full_key.jobs > 0 ORDER BY full_key.since LIMIT %(row_limit)s)
+) AS stuck
+ORDER BY array_position(
+    ARRAY['expired_lease', 'stalled_worker', 'unserved_queue', 'full_key'], stuck.kind
+), stuck.since, stuck.subject

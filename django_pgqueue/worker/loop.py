@@ -53,6 +53,9 @@ __all__ = ["Worker"]
 logger = logging.getLogger("django_pgqueue.worker")
 job_logger = logging.getLogger("django_pgqueue.jobs")
 
+#: Outcomes of an attempt that never started are no run of the job (see ``_finish``).
+_NOT_RUN = frozenset({OutcomeKind.LOST, OutcomeKind.RELEASE})
+
 
 class Worker:
     """One worker process's dispatcher. ``Worker(options).run()`` blocks until it exits."""
@@ -725,7 +728,9 @@ class Worker:
             # Only this attempt's entry: a newer attempt of the same job is left alone.
             if self._flights.get(flight.key) is flight:
                 del self._flights[flight.key]
-        if flight.started_at is not None or outcome.kind is not OutcomeKind.LOST:
+        # --max-jobs counts executed attempts: a job handed back unstarted (its task
+        # unknown here, or at shutdown) or lost before it started ran nothing.
+        if flight.started_at is not None or outcome.kind not in _NOT_RUN:
             self.processed += 1
         if job.partition_key is not None or job.concurrency_key is not None:
             # A partition turn or a slot came free: the next claim reads them.
@@ -733,6 +738,11 @@ class Worker:
         self._count(job.queue, label)
         observe.current.job_finished(job, label, outcome.duration)
         failure = outcome.failure if label != "succeeded" else None
+        if outcome.unknown_since is not None:
+            # Its WARNING (once per job) said it all; a line per release would repeat it
+            # every few seconds until the task is deployed.
+            job_logger.debug("job %s %s: unknown task", job.id, label, extra=job_extra(job))
+            return
         if job_logger.isEnabledFor(logging.WARNING if failure else logging.INFO):
             message = "job %s %s: task=%s queue=%s attempt=%d/%d duration=%.3fs"
             args = (

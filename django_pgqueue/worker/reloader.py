@@ -7,6 +7,12 @@ child exit with code 3, which the parent answers with a fresh child. Before that
 the worker is asked to stop gracefully, so jobs it runs finish (within the grace period)
 and jobs it holds go back to the queue at once instead of waiting for their leases.
 
+Code that does not import (a SyntaxError in a task module, met by the system checks or
+when the worker starts) does not end the command either: as in ``runserver``, the
+checks and the worker run in the reloaded function, whose failure Django's reloader
+records, file included. The child logs what is wrong and keeps watching, and the first
+change to a watched file (the broken one among them) starts a fresh child.
+
 A stop signal drains the worker too. Django's own parent answers SIGTERM by exiting,
 and its ``subprocess.run`` then SIGKILLs the child: the running jobs waited out their
 leases. So the parent here is our own loop around Django's child arguments: it passes
@@ -23,6 +29,8 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import autoreload
@@ -40,10 +48,14 @@ logger = logging.getLogger("django_pgqueue.worker")
 RESTART_CODE = 3
 
 
-def run_with_reloader(options: WorkerOptions) -> None:
-    """Run a worker under Django's autoreloader until it exits or is stopped."""
+def run_with_reloader(options: WorkerOptions, prepare: Callable[[], None] = lambda: None) -> None:
+    """Run a worker under Django's autoreloader until it exits or is stopped.
+
+    ``prepare`` (the system checks) runs in each child before its worker starts; if it
+    or the worker's start raises, the child reports it and waits for a code change.
+    """
     if os.environ.get(autoreload.DJANGO_AUTORELOAD_ENV) == "true":
-        _run_child(options)
+        _run_child(options, prepare)
     else:
         sys.exit(_run_parent())
 
@@ -92,8 +104,8 @@ def _unbuffered() -> bool:
     )
 
 
-def _run_child(options: WorkerOptions) -> None:
-    reloading = _ReloadingWorker(options)
+def _run_child(options: WorkerOptions, prepare: Callable[[], None]) -> None:
+    reloading = _ReloadingWorker(options, prepare)
     try:
         autoreload.run_with_reloader(reloading.run)
     except SystemExit as exit_:
@@ -106,8 +118,9 @@ def _run_child(options: WorkerOptions) -> None:
 class _ReloadingWorker:
     """The child's worker thread, and the receivers that tie it to the reloader."""
 
-    def __init__(self, options: WorkerOptions) -> None:
+    def __init__(self, options: WorkerOptions, prepare: Callable[[], None]) -> None:
         self.worker = Worker(options)
+        self.prepare = prepare
         self.thread: threading.Thread | None = None
         self.grace_seconds = options.grace_seconds
         self.reloader: Any = None
@@ -122,13 +135,25 @@ class _ReloadingWorker:
         autoreload.autoreload_started.connect(self._reloader_started, weak=False)
         autoreload.file_changed.connect(self._file_changed, weak=False)
         try:
+            self.prepare()
             self.worker.run()
-        finally:
+        except Exception as error:
+            # Django's reloader records the file of the error and keeps watching it (the
+            # exception goes on to it), so fixing the file restarts the worker.
             with self._lock:
                 self.finished.set()
-                reloader = self.reloader
-            if reloader is not None:
-                reloader.stop()  # --burst or --max-jobs is done: let the process exit
+            what = "".join(traceback.format_exception_only(error)).strip()
+            logger.error(
+                "the worker is not running: %s. Fix the code: --reload restarts the worker "
+                "once a watched file changes.",
+                what,
+            )
+            raise
+        with self._lock:
+            self.finished.set()
+            reloader = self.reloader
+        if reloader is not None:
+            reloader.stop()  # --burst or --max-jobs is done: let the process exit
 
     def drain(self) -> None:
         """Stop the worker gracefully and wait for it; a further signal stops it at once.

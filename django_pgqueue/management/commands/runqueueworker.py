@@ -22,6 +22,10 @@ _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEB
 
 
 class Command(BaseCommand):
+    # The checks run in handle(): under --reload, in the reloaded child, so that a task
+    # module that does not import (a SyntaxError) is reported and watched, as runserver
+    # does, instead of ending the command.
+    requires_system_checks: tuple[str, ...] = ()
     help = (
         "Run a django-pgqueue worker: claim jobs from PostgreSQL, run them, record their "
         "outcomes. SIGTERM or Ctrl-C drains it; a second one stops it at once."
@@ -90,6 +94,7 @@ class Command(BaseCommand):
             action="store_true",
             help="Never run housekeeping (reaping, pruning) in this worker.",
         )
+        parser.add_argument("--skip-checks", action="store_true", help="Skip the system checks.")
         parser.add_argument(
             "--no-schedules",
             action="store_true",
@@ -128,11 +133,16 @@ class Command(BaseCommand):
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
         self._require_tables(worker_options.database)
-        if not options["skip_checks"]:
-            self._check_database(worker_options.database)
+
+        def run_checks() -> None:
+            if not options["skip_checks"]:
+                self.check()
+                self._check_database(worker_options.database)
+
         if options["reload"]:
-            run_with_reloader(worker_options)
+            run_with_reloader(worker_options, prepare=run_checks)
             return
+        run_checks()
         if options["metrics_port"] is not None:
             self._serve_metrics(
                 options["metrics_port"], options["metrics_addr"], multiprocess=processes > 1
@@ -185,7 +195,7 @@ class Command(BaseCommand):
             raise CommandError(str(NotMigrated(database, missing)), returncode=2)
 
     def _check_database(self, alias: str) -> None:
-        """Run the checks that need the database (E002, W002): ``execute`` ran the others."""
+        """Run the checks that need the database (E002, E007, W002)."""
         try:
             # Unreachable: the worker waits for the database and says so.
             with contextlib.suppress(OperationalError, InterfaceError):
