@@ -160,3 +160,13 @@ def test_dead_letter_page_detail_uses_its_own_admin(client):
     response = client.get(url("django_pgqueue_deadletter_change", pending.pk), follow=True)
     assert response.redirect_chain[-1][0] == url("django_pgqueue_job_change", pending.pk)
     assert "is no longer a dead letter" in response.text
+
+
+def test_a_running_job_whose_cancel_was_requested_says_it_is_cancelling(client):
+    login(client, superuser=True)
+    job = running()
+    assert "pgq-cancelling" not in client.get(detail(job.pk)).text
+    Job.objects.cancel([job.pk])
+    text = client.get(detail(job.pk)).text
+    assert 'id="pgq-cancelling"' in text
+    assert "keeps its lease, its slot and its partition" in text
