@@ -519,7 +519,9 @@ WITH completed AS (
     RETURNING id, finished_at, partition_key, concurrency_key
 )
 SELECT completed.id, completed.finished_at,
-    django_pgqueue_refresh_partitions(ARRAY[completed.partition_key]) AS partitions,
+    CASE WHEN completed.partition_key IS NOT NULL THEN
+        django_pgqueue_refresh_partitions(ARRAY[completed.partition_key])
+    END AS partitions,
     CASE WHEN completed.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[completed.concurrency_key], %(flow_channel)s)
     END AS keys
@@ -566,19 +568,35 @@ completed AS (
       AND job.lease_generation = done.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
-      -- An InitPlan, run before the first row is updated: the dependents' locks.
+      -- An InitPlan, run before the first row is updated: the dependents' locks. Only
+      -- called when a job has dependents: the SQL function is planned at every call
+      -- (0.6 ms, more than the rest of a 10-job completion).
       AND (
-          SELECT django_pgqueue_lock_dependents(
-              ARRAY(SELECT locked.id FROM locked WHERE locked.has_dependents),
-              ARRAY(SELECT locked.id FROM locked WHERE locked.has_dependents AND locked.cancelling)
-          )
+          SELECT CASE WHEN cardinality(dependents.finished) > 0 THEN
+              django_pgqueue_lock_dependents(
+                  dependents.finished,
+                  ARRAY(
+                      SELECT locked.id FROM locked
+                      WHERE locked.has_dependents AND locked.cancelling
+                  )
+              )
+          ELSE 0 END
+          FROM (
+              SELECT ARRAY(SELECT locked.id FROM locked WHERE locked.has_dependents) AS finished
+          ) AS dependents
       ) >= 0
     RETURNING job.id, job.status, job.partition_key, job.concurrency_key
 ),
 refreshed AS (
-    SELECT django_pgqueue_refresh_partitions(ARRAY(
-        SELECT completed.partition_key FROM completed WHERE completed.partition_key IS NOT NULL
-    )) AS partitions
+    -- Called only when a job had a partition, like the function below.
+    SELECT CASE WHEN cardinality(keys.keys) > 0 THEN
+        django_pgqueue_refresh_partitions(keys.keys)
+    ELSE 0 END AS partitions
+    FROM (
+        SELECT ARRAY(
+            SELECT completed.partition_key FROM completed WHERE completed.partition_key IS NOT NULL
+        ) AS keys
+    ) AS keys
 ),
 recounted AS (
     -- After the partitions (lock order); skipped when no job had a key.
@@ -681,7 +699,9 @@ WITH failed AS (
         job.partition_key, job.concurrency_key
 )
 SELECT failed.id, failed.status, failed.available_at, failed.attempts, failed.max_attempts,
-    django_pgqueue_refresh_partitions(ARRAY[failed.partition_key]) AS partitions,
+    CASE WHEN failed.partition_key IS NOT NULL THEN
+        django_pgqueue_refresh_partitions(ARRAY[failed.partition_key])
+    END AS partitions,
     CASE WHEN failed.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[failed.concurrency_key], %(flow_channel)s)
     END AS keys
@@ -782,7 +802,9 @@ woken AS (
     WHERE released.status = 'pending' AND released.available_at <= now()
 )
 SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notified,
-    django_pgqueue_refresh_partitions(ARRAY[released.partition_key]) AS partitions,
+    CASE WHEN released.partition_key IS NOT NULL THEN
+        django_pgqueue_refresh_partitions(ARRAY[released.partition_key])
+    END AS partitions,
     CASE WHEN released.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[released.concurrency_key], %(flow_channel)s)
     END AS keys,
@@ -829,9 +851,10 @@ released AS (
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
       AND (
-          SELECT django_pgqueue_lock_dependents(
-              '{}', ARRAY(SELECT locked.id FROM locked WHERE locked.settles)
-          )
+          SELECT CASE WHEN cardinality(settling.ids) > 0 THEN
+              django_pgqueue_lock_dependents('{}', settling.ids)
+          ELSE 0 END
+          FROM (SELECT ARRAY(SELECT locked.id FROM locked WHERE locked.settles) AS ids) AS settling
       ) >= 0
     RETURNING job.id, job.queue, job.status, job.partition_key, job.concurrency_key
 ),
@@ -842,9 +865,15 @@ woken AS (
     ) AS ready
 ),
 refreshed AS (
-    SELECT django_pgqueue_refresh_partitions(ARRAY(
-        SELECT released.partition_key FROM released WHERE released.partition_key IS NOT NULL
-    )) AS partitions
+    -- Called only when a job had a partition, like the function below.
+    SELECT CASE WHEN cardinality(keys.keys) > 0 THEN
+        django_pgqueue_refresh_partitions(keys.keys)
+    ELSE 0 END AS partitions
+    FROM (
+        SELECT ARRAY(
+            SELECT released.partition_key FROM released WHERE released.partition_key IS NOT NULL
+        ) AS keys
+    ) AS keys
 ),
 recounted AS (
     SELECT django_pgqueue_refresh_concurrency(keys.keys, %(flow_channel)s) AS keys

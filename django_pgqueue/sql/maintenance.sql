@@ -81,9 +81,12 @@ reaped AS (
       AND job.status = 'processing'
       AND job.lease_expires_at < now()
       AND (
-          SELECT django_pgqueue_lock_dependents(
-              '{}', ARRAY(SELECT expired.id FROM expired WHERE expired.settles)
-          )
+          SELECT CASE WHEN cardinality(settling.ids) > 0 THEN
+              django_pgqueue_lock_dependents('{}', settling.ids)
+          ELSE 0 END
+          FROM (
+              SELECT ARRAY(SELECT expired.id FROM expired WHERE expired.settles) AS ids
+          ) AS settling
       ) >= 0
     RETURNING job.id, job.status, job.queue, job.partition_key, job.concurrency_key
 ),
@@ -98,9 +101,14 @@ told AS (
     JOIN reaped ON reaped.id = expired.id
 ),
 refreshed AS (
-    SELECT django_pgqueue_refresh_partitions(ARRAY(
-        SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
-    )) AS partitions
+    SELECT CASE WHEN cardinality(keys.keys) > 0 THEN
+        django_pgqueue_refresh_partitions(keys.keys)
+    ELSE 0 END AS partitions
+    FROM (
+        SELECT ARRAY(
+            SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
+        ) AS keys
+    ) AS keys
 ),
 recounted AS (
     -- Slots held by a dead worker's jobs come back here (after the partitions: lock

@@ -230,13 +230,15 @@ cancelled AS (
     WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
       AND job.status IN ('pending', 'blocked', 'processing')
       AND (
-          SELECT django_pgqueue_lock_dependents(
-              '{}',
-              ARRAY(
+          SELECT CASE WHEN cardinality(settling.ids) > 0 THEN
+              django_pgqueue_lock_dependents('{}', settling.ids)
+          ELSE 0 END
+          FROM (
+              SELECT ARRAY(
                   SELECT target.id FROM target
                   WHERE target.has_dependents AND target.status <> 'processing'
-              )
-          )
+              ) AS ids
+          ) AS settling
       ) >= 0
     RETURNING job.id, job.queue, job.status, job.partition_key, job.concurrency_key
 ),
