@@ -81,6 +81,7 @@ SETTING_CHECK_IDS = {
     "CONCURRENCY_LIMITS": "django_pgqueue.E123",
     "RATE_LIMITS": "django_pgqueue.E124",
     "PREFETCH_WINDOW_SECONDS": "django_pgqueue.E125",
+    "LOG_SUMMARY_SECONDS": "django_pgqueue.E126",
 }
 
 

@@ -58,6 +58,12 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
     ),
     SettingSpec("GRACE_SECONDS", 30.0, "Time running jobs get to finish on shutdown."),
     SettingSpec(
+        "LOG_SUMMARY_SECONDS",
+        10.0,
+        "How often a worker logs, at INFO, how many jobs it finished by outcome (only when "
+        "it finished any); 0 turns the summary off.",
+    ),
+    SettingSpec(
         "HOUSEKEEPING_INTERVAL_SECONDS",
         10.0,
         "How often one worker reaps expired leases, marks silent workers dead and prunes.",
@@ -206,6 +212,11 @@ class Settings:
                 f"PGQUEUE_PREFETCH_WINDOW_SECONDS must be <= 60, not {value!r}"
             )
         return value
+
+    @property
+    def LOG_SUMMARY_SECONDS(self) -> float:  # noqa: N802
+        """Interval of the worker's summary line (0: no summary)."""
+        return self._seconds("LOG_SUMMARY_SECONDS", strict=False)
 
     @property
     def GRACE_SECONDS(self) -> float:  # noqa: N802

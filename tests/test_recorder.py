@@ -137,7 +137,7 @@ def test_a_completion_whose_acknowledgement_was_lost_is_recorded_as_a_success(
         return done
 
     monkeypatch.setattr(QueueStore, "complete_many_outcomes", committed_then_cut)
-    caplog.set_level(logging.INFO, logger="django_pgqueue.jobs")
+    caplog.set_level(logging.DEBUG, logger="django_pgqueue.jobs")
     jobs = Job.objects.enqueue_many([JobSpec("tests.tasks.add", args=[n, 1]) for n in range(3)])
     ids = {job.id for job in jobs}
     worker = Worker(_options(concurrency=1, prefetch=5, prefetch_window=0))

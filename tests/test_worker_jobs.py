@@ -41,9 +41,9 @@ def test_burst_runs_sync_async_and_context_tasks_and_stores_results(workers):
     assert (job.attempts, job.claimed_by, job.lease_expires_at) == (1, done.worker_ids[0], None)
 
 
-def test_one_log_line_per_job_start_and_finish(workers):
+def test_one_log_line_per_job_start_and_finish_at_verbosity_two(workers):
     result = tasks.add.enqueue(1, 1)
-    worker = workers("--burst")
+    worker = workers("--burst", verbosity=2)
     assert worker.wait() == 0
     output = worker.output()
     assert f"job {result.id} started: task=tests.tasks.add queue=default attempt=1/5" in output

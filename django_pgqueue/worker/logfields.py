@@ -15,8 +15,10 @@ from ..values import ClaimedJob
 __all__ = [
     "ATTEMPT",
     "DURATION",
+    "INTERVAL",
     "JOB_ID",
     "OUTCOME",
+    "OUTCOMES",
     "QUEUE",
     "TASK",
     "WORKER",
@@ -33,6 +35,10 @@ WORKER: Final = "pgqueue_worker"
 OUTCOME: Final = "pgqueue_outcome"
 #: Only with OUTCOME: the attempt's run time in seconds.
 DURATION: Final = "pgqueue_duration_seconds"
+#: Only on the worker's summary line: {outcome: attempts} since the previous summary.
+OUTCOMES: Final = "pgqueue_outcomes"
+#: Only with OUTCOMES: the seconds the summary covers.
+INTERVAL: Final = "pgqueue_interval_seconds"
 
 
 def job_extra(

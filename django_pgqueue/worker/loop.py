@@ -47,6 +47,7 @@ from .pacing import AdaptivePrefetch
 from .pools import AsyncRunner, ThreadPool
 from .scheduler import Scheduler
 from .stopsignal import SignalRelay
+from .tally import OutcomeTally
 
 __all__ = ["Worker"]
 
@@ -113,6 +114,7 @@ class Worker:
         # write cannot delay a lease extension, nor wait for one.
         self._steps = ConnectionSlot(options.database, f"pgqueue steps {self.id}")
         self._resolver = TaskResolver()
+        self._tally = OutcomeTally(self.id, options.log_summary_seconds)
         self._runner = JobRunner(
             backend_alias=options.backend,
             database=options.database,
@@ -150,6 +152,7 @@ class Worker:
                 crashed = False
             finally:
                 self._shutdown(crashed=crashed)
+        self._tally.log()
         logger.info("worker %s stopped after %d jobs", self.id, self.processed)
         return 0
 
@@ -267,6 +270,7 @@ class Worker:
             self._wake.clear()
             if self._recorder_error is not None:
                 raise self._recorder_error
+            self._tally.log_if_due()
             self._enforce_deadlines()
             self._hand_back_cancelled()
             if self._adaptive.enabled:
@@ -277,8 +281,16 @@ class Worker:
                 return
             with self._flights_lock:
                 held = len(self._flights)
-                waiting = sum(1 for flight in self._flights.values() if flight.started_at is None)
-            capacity = total_slots - held
+                waiting = finished = 0
+                for flight in self._flights.values():
+                    if flight.started_at is None:
+                        waiting += 1
+                    elif not flight.busy:
+                        finished += 1
+            # Up to a batch of attempts whose outcome waits for the recorder takes no
+            # slot: the next claim goes out while the last batch is written, rather
+            # than claim, run, write, claim in turn (a third of a drain spent waiting).
+            capacity = total_slots - held + min(finished, options.batch_size)
             if options.max_jobs is not None:
                 capacity = min(capacity, options.max_jobs - self.processed - held)
             if capacity > 0 and (capacity >= refill_at or waiting == 0):
@@ -448,8 +460,8 @@ class Worker:
         with self._flights_lock:
             self._flights[flight.key] = flight
         observe.current.job_started(job)
-        if job_logger.isEnabledFor(logging.INFO):
-            job_logger.info(
+        if job_logger.isEnabledFor(logging.DEBUG):
+            job_logger.debug(
                 "job %s started: task=%s queue=%s attempt=%d/%d",
                 job.id,
                 job.task_path,
@@ -535,6 +547,9 @@ class Worker:
                         first = self._outcomes.get(timeout=0.1)
                     except Empty:
                         continue
+                # Finished attempts take no slot while they are written (see _loop): the
+                # dispatcher may claim the next batch during this write.
+                self._wake.set()
                 with self._record_lock:
                     if first is not None:
                         self._undelivered.append(first)  # before those queued behind it
@@ -736,6 +751,7 @@ class Worker:
             # A partition turn or a slot came free: the next claim reads them.
             self._flow_open = True
         self._count(job.queue, label)
+        self._tally.add(label)
         observe.current.job_finished(job, label, outcome.duration)
         failure = outcome.failure if label != "succeeded" else None
         if outcome.unknown_since is not None:
@@ -743,7 +759,12 @@ class Worker:
             # every few seconds until the task is deployed.
             job_logger.debug("job %s %s: unknown task", job.id, label, extra=job_extra(job))
             return
-        if job_logger.isEnabledFor(logging.WARNING if failure else logging.INFO):
+        # A success is a DEBUG line (-v 2): the summary line counts them at -v 1 (see
+        # tally.py). Anything else that ends an attempt is worth a line of its own.
+        level = (
+            logging.WARNING if failure else logging.DEBUG if label == "succeeded" else logging.INFO
+        )
+        if job_logger.isEnabledFor(level):
             message = "job %s %s: task=%s queue=%s attempt=%d/%d duration=%.3fs"
             args = (
                 job.id,
@@ -755,7 +776,8 @@ class Worker:
                 outcome.duration,
             )
             if failure is None:
-                job_logger.info(
+                job_logger.log(
+                    level,
                     message,
                     *args,
                     extra=job_extra(job, outcome=label, duration=outcome.duration),

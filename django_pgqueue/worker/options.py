@@ -55,6 +55,8 @@ class WorkerOptions:
     #: Sync the periodic schedules at start and fire them when due (every worker may:
     #: the database lets one job per fire time through).
     schedules: bool = True
+    #: Log how many jobs finished, by outcome, this often (seconds, at INFO); 0: never.
+    log_summary_seconds: float = 0.0
 
     @classmethod
     def from_settings(cls, *, backend: str = "default", **overrides: Any) -> WorkerOptions:
@@ -82,6 +84,7 @@ class WorkerOptions:
             "grace_seconds": conf.GRACE_SECONDS,
             "worker_timeout": conf.WORKER_TIMEOUT_SECONDS,
             "housekeeping_interval": conf.HOUSEKEEPING_INTERVAL_SECONDS,
+            "log_summary_seconds": conf.LOG_SUMMARY_SECONDS,
         }
         values.update({key: value for key, value in overrides.items() if value is not None})
         if "lease_seconds" in overrides and "heartbeat_seconds" not in overrides:
@@ -132,6 +135,16 @@ class WorkerOptions:
         ):
             raise ConfigurationError(
                 f"--grace-seconds must be 0 or more, not {self.grace_seconds!r}"
+            )
+        if (
+            isinstance(self.log_summary_seconds, bool)
+            or not isinstance(self.log_summary_seconds, int | float)
+            or not math.isfinite(self.log_summary_seconds)
+            or self.log_summary_seconds < 0
+        ):
+            raise ConfigurationError(
+                f"the log summary interval must be 0 or more seconds, not "
+                f"{self.log_summary_seconds!r}"
             )
         if self.heartbeat_seconds * 2 > self.lease_seconds:
             raise ConfigurationError(
