@@ -1,10 +1,12 @@
 """The benchmark behind ``manage.py queuebench``: measure a queue on your own database.
 
 Every phase uses the real code paths: ``task.enqueue()`` and ``enqueue_many`` through
-the Django backend, and worker processes forked exactly as ``runqueueworker --processes``
-forks them, with the settings ``runqueueworker`` would use unless told otherwise.
-Benchmark jobs live in their own queue (``queuebench`` unless told otherwise) and are
-deleted afterwards.
+the Django backend, and worker processes that run the ``runqueueworker`` command itself,
+from its command line (argument parsing, checks, logging at the benchmark's verbosity,
+default 1 as for ``runqueueworker``), with the settings ``runqueueworker`` would use
+unless told otherwise. Benchmark jobs live in their own queue (``queuebench`` unless
+told otherwise), served through a ``TASKS`` entry the worker processes add for it, and
+are deleted afterwards.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from django.conf import settings
+from django.core.management import ManagementUtility
 from django.db import connections, transaction
+from django.test.utils import override_settings
 
 from .backend import PgQueueBackend, resolve_task
 from .compat import InvalidTask, Task, task_backends
@@ -35,7 +39,7 @@ from .payload import encode_arguments
 from .pgconn import connect
 from .runners import PsycopgRunner
 from .values import JobSpec
-from .worker.options import WorkerOptions, default_worker_id
+from .worker.options import WorkerOptions
 
 __all__ = [
     "BenchConfig",
@@ -160,6 +164,8 @@ class BenchConfig:
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     database: str = "default"
     keep: bool = False
+    #: The worker processes' ``--verbosity``: what they log (1, runqueueworker's default).
+    verbosity: int = 1
 
 
 @dataclass
@@ -215,6 +221,8 @@ class BenchReport:
             f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}, "
             f"prefetch window {c['prefetch_window']:g}s; "
             f"{c['prefill']} finished jobs already in the table",
+            f"  workers: {' '.join(worker_command(BenchConfig(**c), burst=True))}"
+            f" (verbosity {c['verbosity']}: their logging is runqueueworker's)",
             "  Django DEBUG is on: enqueues also record their queries, as production does not"
             if self.django_debug
             else "  Django DEBUG is off",
@@ -581,37 +589,67 @@ def resolve_settings(config: BenchConfig) -> BenchConfig:
     )
 
 
-def _worker_options(
-    config: BenchConfig, *, burst: bool, processes: int | None = None
-) -> WorkerOptions:
-    options = WorkerOptions.from_settings(
-        concurrency=config.concurrency,
-        batch_size=config.batch_size,
-        prefetch=config.prefetch,
-        prefetch_window=config.prefetch_window,
-        burst=burst,
-        handle_signals=True,
-        housekeeping=False,
-    )
-    return replace(options, queues=(config.queue,), database=config.database)
+#: The TASKS alias the worker processes add for the benchmark queue.
+BENCH_BACKEND = "queuebench"
 
 
-def _child(options: WorkerOptions) -> None:
-    import logging
+def worker_command(config: BenchConfig, *, burst: bool) -> list[str]:
+    """Return the ``runqueueworker`` command line of a benchmark worker process.
 
-    from .worker import Worker, quiet_django_task_logs
+    Only what the benchmark must set (its backend and queue, ``--burst`` to end a
+    drain) and what it was told (the worker options given on its command line, and the
+    verbosity); everything else is ``runqueueworker``'s own default or setting.
+    """
+    argv = ["runqueueworker", "--backend", BENCH_BACKEND, "--queue", config.queue]
+    for flag, value in (
+        ("--concurrency", config.concurrency),
+        ("--batch-size", config.batch_size),
+        ("--prefetch", config.prefetch),
+        ("--prefetch-window", config.prefetch_window),
+    ):
+        if value is not None:
+            argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if burst:
+        argv.append("--burst")
+    argv += ["--verbosity", str(config.verbosity)]
+    return argv
 
-    quiet_django_task_logs()
-    logging.getLogger("django_pgqueue").setLevel(logging.WARNING)
-    code = Worker(replace(options, worker_id=default_worker_id())).run()
+
+def _bench_tasks_setting(config: BenchConfig) -> dict[str, Any]:
+    """Return ``TASKS`` with an entry serving the benchmark queue (see ``_bench_backend``)."""
+    resolved = resolve_task(config.task_path)
+    configured = task_backends[resolved.backend]
+    entry = {
+        **settings.TASKS[resolved.backend],
+        "QUEUES": [config.queue],
+        "OPTIONS": {**configured.options, "DATABASE": config.database},
+    }
+    return {**settings.TASKS, BENCH_BACKEND: entry}
+
+
+def _child(argv: list[str], tasks: dict[str, Any]) -> None:
+    """Run ``manage.py runqueueworker`` from its command line in this (forked) process."""
+    code = 0
+    try:
+        with override_settings(TASKS=tasks):
+            ManagementUtility(["manage.py", *argv]).execute()
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
     os._exit(code)
 
 
-def _fork_workers(options: WorkerOptions, processes: int) -> list[BaseProcess]:
+def _fork_workers(config: BenchConfig, processes: int, *, burst: bool) -> list[BaseProcess]:
+    argv = worker_command(config, burst=burst)
+    tasks = _bench_tasks_setting(config)
     connections.close_all()
     context = multiprocessing.get_context("fork")
     children: list[BaseProcess] = [
-        context.Process(target=_child, args=(options,)) for _ in range(processes)
+        context.Process(target=_child, args=(argv, tasks)) for _ in range(processes)
     ]
     for child in children:
         child.start()
@@ -619,7 +657,7 @@ def _fork_workers(options: WorkerOptions, processes: int) -> list[BaseProcess]:
 
 
 def _run_workers(config: BenchConfig, *, burst: bool) -> None:
-    children = _fork_workers(_worker_options(config, burst=burst), config.processes)
+    children = _fork_workers(config, config.processes, burst=burst)
     for child in children:
         child.join()
         if child.exitcode != 0:
@@ -657,7 +695,7 @@ def _latency(config: BenchConfig) -> dict[str, float]:
     latency_config = replace(
         config, task_path="django_pgqueue.bench.latency_probe", args=(), kwargs={}
     )
-    children = _fork_workers(_worker_options(latency_config, burst=False), 1)
+    children = _fork_workers(latency_config, 1, burst=False)
     conn = connect(config.database, prepare=False)
     store = QueueStore(PsycopgRunner(conn, config.database))
     committed: dict[int, float] = {}
@@ -726,7 +764,7 @@ def _memory(config: BenchConfig) -> dict[str, float]:
     conn = connect(config.database, prepare=False)
     _bulk_enqueue(config, config.memory_jobs)
     conn.execute("VACUUM ANALYZE django_pgqueue_job")
-    children = _fork_workers(_worker_options(config, burst=True), 1)
+    children = _fork_workers(config, 1, burst=True)
     (child,) = children
     assert child.pid is not None
     samples: list[tuple[int, float]] = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -23,6 +24,7 @@ from django_pgqueue.bench import (
     BenchConfig,
     BenchReport,
 )
+from tests import tasks
 from tests.database import REPO
 
 pytestmark = pytest.mark.timeout(300)
@@ -199,6 +201,54 @@ def test_the_workers_run_with_the_settings_runqueueworker_would_use(db_url):
     config = json.loads(done.stdout)["config"]
     assert (config["concurrency"], config["batch_size"], config["prefetch"]) == (4, 500, 0)
     assert config["prefetch_window"] == 0.02
+
+
+_SMALL = (
+    *("--jobs", "60", "--repeat", "1", "--single-enqueues", "0", "--latency-jobs", "0"),
+    *("--io-jobs", "0", "--ceiling-jobs", "0"),
+)
+# What runqueueworker's own handler writes (management/commands/runqueueworker.py).
+_STARTED = re.compile(
+    r"^\d{4}-\d\d-\d\d [\d:,]+ INFO \[\d+\] django_pgqueue\.worker: worker \S+ started: "
+)
+
+
+def test_the_workers_run_runqueueworker_and_log_as_it_does(db_url, workers):
+    done = _queuebench(db_url, *_SMALL)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "workers: runqueueworker --backend queuebench --queue queuebench --concurrency 10 "
+        "--batch-size 500 --prefetch 0 --prefetch-window 0.05 --burst --verbosity 1 "
+        "(verbosity 1: their logging is runqueueworker's)"
+    ) in done.stdout
+    lines = done.stderr.splitlines()
+    started = [line for line in lines if _STARTED.match(line)]
+    assert len(started) == 2, done.stderr
+    assert all("queues=queuebench concurrency=10" in line for line in started)
+    # The default verbosity: no line per job, a summary line counting them.
+    assert not any(re.search(r"job \d+ (started|succeeded)", line) for line in lines)
+    counted = sum(
+        int(line.split(": ")[-1].split(" succeeded")[0].replace(",", ""))
+        for line in lines
+        if "finished in the last" in line
+    )
+    assert counted == 60, done.stderr
+    # runqueueworker started by hand writes the same lines the same way.
+    tasks.noop.enqueue()
+    worker = workers("--burst")
+    assert worker.wait(60) == 0, worker.output()
+    assert any(_STARTED.match(line) for line in worker.output().splitlines())
+
+
+def test_the_workers_take_the_benchmark_verbosity(db_url):
+    quiet = _queuebench(db_url, "--verbosity", "0", *_SMALL)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "--verbosity 0 (verbosity 0: their logging is runqueueworker's)" in quiet.stdout
+    assert " INFO " not in quiet.stderr
+    chatty = _queuebench(db_url, "--verbosity", "2", *_SMALL)
+    assert chatty.returncode == 0, chatty.stderr
+    per_job = [line for line in chatty.stderr.splitlines() if re.search(r"job \d+ succeeded", line)]
+    assert len(per_job) == 60
 
 
 def test_the_tuned_profile_and_explicit_options(db_url):

@@ -17,7 +17,8 @@ class Command(BaseCommand):
     help = (
         "Benchmark django-pgqueue on this project's database: enqueue no-op jobs (or jobs of "
         "a given task), drain them with worker processes, and report throughput, enqueue "
-        "rates, I/O-bound throughput and wake-up latency. Workers run with the settings "
+        "rates, I/O-bound throughput and wake-up latency. The workers run the runqueueworker "
+        "command, at this command's --verbosity (1, its default) and with the settings "
         "runqueueworker would use unless told otherwise. Benchmark jobs use their own queue "
         "and are deleted afterwards."
     )
@@ -168,6 +169,7 @@ class Command(BaseCommand):
             kwargs=kwargs,
             database=options["database"],
             keep=options["keep"],
+            verbosity=options["verbosity"],
         )
         progress = (
             (lambda message: None)
