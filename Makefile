@@ -91,5 +91,5 @@ bench: venv
 
 .PHONY: clean
 clean:
-	-$(BIN)/python -m django_pgqueue.embedded stop .pgdata 2>/dev/null
+	-$(BIN)/python -m django_pgqueue.tools.embedded stop .pgdata 2>/dev/null
 	rm -rf .venv .venv-* .pgdata .pgdata-* .ci-logs docs/_build build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

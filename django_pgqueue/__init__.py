@@ -5,7 +5,7 @@ Public names only; models live in ``django_pgqueue.models`` (import them after s
 
 from typing import TYPE_CHECKING
 
-from .exceptions import (
+from django_pgqueue.exceptions import (
     EnqueueError,
     InvalidArguments,
     InvalidOption,
@@ -18,12 +18,12 @@ from .exceptions import (
     UnknownQueue,
     UnknownTask,
 )
-from .states import JobStatus, WorkerStatus
+from django_pgqueue.states import JobStatus, WorkerStatus
 
 if TYPE_CHECKING:
     # Type checkers see the real names; at run time __getattr__ imports them lazily.
-    from .decorators import task
-    from .pausing import pause_queue, paused_queues, resume_queue
+    from django_pgqueue.features.pausing import pause_queue, paused_queues, resume_queue
+    from django_pgqueue.tasks.decorators import task
 
 __version__ = "0.1.0.dev0"
 
@@ -32,12 +32,12 @@ def __getattr__(name: str) -> object:
     # ``task`` pulls in the backend; importing it lazily keeps ``import django_pgqueue``
     # (in a settings module, say) free of side effects.
     if name == "task":
-        from .decorators import task
+        from django_pgqueue.tasks.decorators import task
 
         return task
     if name in ("pause_queue", "resume_queue", "paused_queues"):
         # Pausing needs the models, hence settings: imported on first use too.
-        from . import pausing
+        from django_pgqueue.features import pausing
 
         return getattr(pausing, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,4 +16,4 @@ class PgQueueConfig(AppConfig):
 
     def ready(self) -> None:
         """Register the system checks."""
-        from . import checks  # noqa: F401 - registers on import
+        from django_pgqueue import checks  # noqa: F401 - registers on import

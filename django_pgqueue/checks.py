@@ -15,8 +15,13 @@ from django.apps import AppConfig, apps
 from django.core import checks
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
 
-from .compat import task_backends
-from .conf import conf
+from django_pgqueue.compat import task_backends
+from django_pgqueue.conf import conf
+from django_pgqueue.exceptions import ConfigurationError, UnknownTask
+from django_pgqueue.features.periodic import declared_schedules, schedule_backend_problem
+from django_pgqueue.store.schema import index_problems
+from django_pgqueue.store.tables import missing_tables
+from django_pgqueue.tasks.backend import PgQueueBackend, resolve_task
 
 __all__ = ["CHECK_IDS", "MINIMUM_POSTGRESQL", "SETTING_CHECK_IDS"]
 
@@ -86,8 +91,6 @@ SETTING_CHECK_IDS = {
 
 
 def _queue_backends() -> list[Any]:
-    from .backend import PgQueueBackend
-
     found = []
     for alias in task_backends.settings:
         try:
@@ -132,7 +135,6 @@ def check_apps(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) ->
 @checks.register()
 def check_schedules(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
     """Report invalid periodic schedules (E201-E207), before any worker fires them."""
-    from .periodic import declared_schedules, schedule_backend_problem
 
     schedules, problems = declared_schedules()
     for schedule in schedules.values():
@@ -155,8 +157,6 @@ def check_flow_limits(app_configs: Sequence[AppConfig] | None = None, **kwargs: 
 
     Invalid values (a limit of 0, a period of 0 or less) are E123 and E124.
     """
-    from .backend import resolve_task
-    from .exceptions import ConfigurationError, UnknownTask
 
     declared: list[tuple[str, str]] = []
     for setting in ("CONCURRENCY_LIMITS", "RATE_LIMITS"):
@@ -224,7 +224,6 @@ def check_tables(
     **kwargs: Any,
 ) -> list[Any]:
     """Report a backend database without the queue's tables (E007); needs a connection."""
-    from .tables import missing_tables
 
     wanted = set(databases or ())
     if not wanted or _inside_migrate():
@@ -270,8 +269,7 @@ def check_invalid_indexes(
     **kwargs: Any,
 ) -> list[Any]:
     """Report INVALID indexes on the queue's tables (W002); needs a connection."""
-    from .models import Job
-    from .schema import index_problems
+    from django_pgqueue.models import Job
 
     messages: list[Any] = []
     for alias in sorted(set(databases or ())):

@@ -14,7 +14,8 @@ from typing import Final
 
 from django.conf import settings
 
-from .exceptions import ConfigurationError
+from django_pgqueue.exceptions import ConfigurationError, InvalidOption
+from django_pgqueue.limits import parse_rate
 
 __all__ = ["SETTINGS", "Settings", "conf"]
 
@@ -286,9 +287,6 @@ class Settings:
     @property
     def RATE_LIMITS(self) -> dict[str, str]:  # noqa: N802
         """Rate limits declared in settings, by ``task:<path>`` or ``queue:<name>``."""
-        from .exceptions import InvalidOption
-        from .flow import parse_rate
-
         value = self._raw("RATE_LIMITS")
         if not isinstance(value, dict):
             raise ConfigurationError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
-from .compat import InvalidTask, TaskResultDoesNotExist
+from django_pgqueue.compat import InvalidTask, TaskResultDoesNotExist
 
 __all__ = [
     "AppNotInstalled",

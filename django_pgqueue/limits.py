@@ -1,12 +1,68 @@
-"""Bounds of the free-text and numeric job fields, shared by the models and validation."""
+"""Bounds of the job fields, and the syntax of concurrency and rate limits.
+
+Shared by the settings, the models and the checks on what is enqueued.
+"""
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django_pgqueue.exceptions import InvalidOption
 
 QUEUE_MAX_LENGTH = 100
 TASK_PATH_MAX_LENGTH = 255
 KEY_MAX_LENGTH = 255
 WORKER_ID_MAX_LENGTH = 200
+SCHEDULE_NAME_MAX_LENGTH = 150
 MAX_ATTEMPTS_LIMIT = 1000
 # Job ids are bigint: ids outside this range are refused before PostgreSQL sees them.
 JOB_ID_MIN = -(2**63)
 JOB_ID_MAX = 2**63 - 1
+
+#: Highest limit accepted: beyond it, a limit is no limit.
+CONCURRENCY_LIMIT_MAX = 100_000
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*(s|m|h|d)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """At most ``limit`` starts per ``period`` seconds (a token bucket of ``limit``)."""
+
+    limit: int
+    period: float
+
+    def __str__(self) -> str:
+        return f"{self.limit}/{self.period:g}s"
+
+
+def check_limit(name: str, limit: object) -> int:
+    """Return ``limit`` if it is a valid concurrency limit; raise :class:`InvalidOption`."""
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidOption(name, f"must be an integer, not {limit!r}")
+    if not 1 <= limit <= CONCURRENCY_LIMIT_MAX:
+        raise InvalidOption(name, f"{limit} is outside 1..{CONCURRENCY_LIMIT_MAX}")
+    return limit
+
+
+def parse_rate(name: str, value: object) -> Rate:
+    """Parse ``"20/s"``, ``"1000/h"``, ``"3/10s"``, ``"5/m"``, ``"100/d"``.
+
+    Raises :class:`InvalidOption` naming ``name`` for anything else (a limit of 0, a
+    period of 0 or less).
+    """
+    if isinstance(value, Rate):
+        return value
+    match = _RATE.match(value) if isinstance(value, str) else None
+    if match is None:
+        raise InvalidOption(
+            name, f"{value!r} is not a rate like '20/s', '1000/h' or '3/10s' (starts/period)"
+        )
+    limit = int(match.group(1))
+    period = float(match.group(2) or 1) * _UNITS[match.group(3)]
+    if not 1 <= limit <= CONCURRENCY_LIMIT_MAX:
+        raise InvalidOption(name, f"{value!r}: the limit is outside 1..{CONCURRENCY_LIMIT_MAX}")
+    if period <= 0:
+        raise InvalidOption(name, f"{value!r}: the period must be longer than 0")
+    return Rate(limit, period)

@@ -39,7 +39,7 @@ from urllib.request import HTTPCookieProcessor, Request, build_opener
 import psycopg
 from shop.database import DEMO_DATABASE, EMBEDDED_ROOT, describe, ensure_database
 
-from django_pgqueue.embedded import EmbeddedPostgres, EmbeddedPostgresError
+from django_pgqueue.tools.embedded import EmbeddedPostgres, EmbeddedPostgresError
 
 PROJECT = Path(__file__).resolve().parent
 MANAGE = PROJECT / "manage.py"

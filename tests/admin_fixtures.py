@@ -21,7 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_pgqueue.models import Job
-from django_pgqueue.values import ClaimedJob, Failure, JobSpec
+from django_pgqueue.store.values import ClaimedJob, Failure, JobSpec
 
 SCRIPT = "<script>alert('xss')</script>"
 ESCAPED_SCRIPT = "&lt;script&gt;"

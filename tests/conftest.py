@@ -17,10 +17,10 @@ import pytest
 from django.db import connection
 from psycopg.conninfo import make_conninfo
 
-from django_pgqueue.embedded import EmbeddedPostgresError, with_dbname
-from django_pgqueue.manager import QueueStore
-from django_pgqueue.pgconn import connect
-from django_pgqueue.runners import PsycopgRunner
+from django_pgqueue.store.pgconn import connect
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.tools.embedded import EmbeddedPostgresError, with_dbname
 from tests.database import embedded_server, ensure_server, rebuild_embedded_server
 from tests.workers import WorkerProcess
 
@@ -130,6 +130,7 @@ SERVER_SIDE = frozenset(
         "test_pgbouncer.py",
         "test_plain_claim.py",
         "test_public_names.py",
+        "test_architecture.py",
         "test_queuebench.py",
         "test_queuehealth.py",
         "test_rate_limits.py",

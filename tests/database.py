@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from django_pgqueue.embedded import EmbeddedPostgres, database_settings
+from django_pgqueue.tools.embedded import EmbeddedPostgres, database_settings
 
 REPO = Path(__file__).resolve().parent.parent
 #: ``PGQUEUE_TEST_PGDATA`` (relative to the checkout) gives a run a server of its own:

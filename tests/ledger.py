@@ -22,7 +22,7 @@ RECONNECT_SECONDS = 20.0
 def _conn() -> psycopg.Connection[Any]:
     global _connection  # noqa: PLW0603
     if _connection is None or _connection.closed or _connection.broken:
-        from django_pgqueue.pgconn import connect
+        from django_pgqueue.store.pgconn import connect
 
         _connection = connect("default", prepare=False, application_name="test ledger")
         # The embedded server runs with synchronous_commit off (speed): a crash of the

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Lease
+from django_pgqueue.store.values import Lease
 
 __all__ = ["KEYS", "RATED", "ModelJob", "QueueModel", "claim_order"]
 

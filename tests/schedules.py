@@ -9,10 +9,10 @@ from typing import Any
 
 import psycopg
 
-from django_pgqueue.manager import QueueStore
-from django_pgqueue.periodic import PeriodicSchedule, parse_fire_key
-from django_pgqueue.runners import PsycopgRunner
-from django_pgqueue.scheduling import SyncReport, sync_schedules
+from django_pgqueue.features.periodic import PeriodicSchedule, parse_fire_key
+from django_pgqueue.features.scheduling import SyncReport, sync_schedules
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
 
 PROBE = "tests.tasks.scheduled_probe"
 

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import psycopg
 
-from django_pgqueue.embedded import with_dbname
+from django_pgqueue.tools.embedded import with_dbname
 from tests.database import database_url
 
 

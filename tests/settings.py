@@ -8,7 +8,7 @@ from typing import Any as _Any
 
 import django
 
-from django_pgqueue.embedded import database_settings
+from django_pgqueue.tools.embedded import database_settings
 from tests.database import database_url, django_database
 
 SECRET_KEY = "django-pgqueue-tests-only"

@@ -133,8 +133,9 @@ def ledger_atomic_order(context: Any, lose_lease: bool = False) -> int:
     Order.objects.create(job_id=context.job_id, note="atomic")
     if lose_lease:
         # Another worker takes over: the lease expires and housekeeping recovers it.
-        from django_pgqueue.manager import PsycopgRunner, QueueStore
-        from django_pgqueue.pgconn import connect
+        from django_pgqueue.store.pgconn import connect
+        from django_pgqueue.store.queue import QueueStore
+        from django_pgqueue.store.runners import PsycopgRunner
 
         with connect("default", prepare=False) as conn:
             conn.execute(

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.values import Failure, JobSpec
 from tests.admin_seed import seed, seed_recent_activity
 from tests.workers import wait_for
 

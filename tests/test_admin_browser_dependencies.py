@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.values import Failure, JobSpec
 from tests.test_admin_browser import _click_and_wait, _log_in, browser  # noqa: F401
 from tests.workers import wait_for
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests.test_admin_browser import (  # the browser fixture and the page measurements
     DESKTOP,
     LAPTOP,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from django_pgqueue import paused_queues, resume_queue
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests.test_admin_browser import (  # noqa: F401 (browser is a fixture)
     LAPTOP,
     PHONE,

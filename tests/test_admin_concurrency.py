@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from django_pgqueue.exceptions import LeaseLost
 from django_pgqueue.models import Job
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.values import Failure, JobSpec
 from tests.admin_fixtures import login, messages_of, post_action, url
 
 pytestmark = pytest.mark.timeout(60)

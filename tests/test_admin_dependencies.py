@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure
+from django_pgqueue.store.values import Failure
 from tests.admin_fixtures import claim, enqueue, login, post_action, row_ids, store, url
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db]

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 
 from django_pgqueue.models import Job
-from django_pgqueue.values import Failure
+from django_pgqueue.store.values import Failure
 from tests.admin_fixtures import (
     CHANGE,
     ESCAPED_SCRIPT,

@@ -15,7 +15,7 @@ from django_pgqueue.admin.formatting import (
     relative,
 )
 from django_pgqueue.admin.svg import minute_series, throughput_chart
-from django_pgqueue.values import QueueMinute
+from django_pgqueue.store.reports import QueueMinute
 
 pytestmark = pytest.mark.timeout(10)
 

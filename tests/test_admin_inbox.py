@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from django_pgqueue.admin import pagination
 from django_pgqueue.admin.jobs import ERROR_EXCERPT
-from django_pgqueue.values import Failure
+from django_pgqueue.store.values import Failure
 from tests.admin_fixtures import (
     ESCAPED_SCRIPT,
     SCRIPT,

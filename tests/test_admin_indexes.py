@@ -21,7 +21,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.sql import QUERIES
 from tests.admin_fixtures import login, post_action, url
 from tests.admin_seed import seed
 

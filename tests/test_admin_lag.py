@@ -10,7 +10,7 @@ from django.db import connection
 from django.utils import timezone
 
 from django_pgqueue.admin import lag
-from django_pgqueue.values import QueueCounts
+from django_pgqueue.store.reports import QueueCounts
 from tests.admin_fixtures import (
     SCRIPT,
     dead_letter,

@@ -10,8 +10,8 @@ from django.db import transaction
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
+from django_pgqueue.features.scheduling import fire_due, sync_schedules
 from django_pgqueue.models import Job, Schedule
-from django_pgqueue.scheduling import fire_due, sync_schedules
 from tests.admin_fixtures import login, messages_of, url
 from tests.schedules import schedule
 

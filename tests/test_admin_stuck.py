@@ -15,8 +15,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_pgqueue.pausing import pause_queue
-from django_pgqueue.values import StuckKind
+from django_pgqueue.features.pausing import pause_queue
+from django_pgqueue.store.reports import StuckKind
 from tests.admin_fixtures import CHANGE, VIEW, enqueue, login, running, store, url
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]

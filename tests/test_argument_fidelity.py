@@ -17,7 +17,7 @@ from django.db import models, transaction
 
 from django_pgqueue.exceptions import EnqueueError, InvalidArguments, InvalidOption
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests import tasks
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db]

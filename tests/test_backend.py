@@ -10,7 +10,6 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 from django.utils import timezone
 
-from django_pgqueue.backend import PgQueueBackend, PgQueueTask
 from django_pgqueue.compat import (
     TaskResultDoesNotExist,
     TaskResultStatus,
@@ -19,10 +18,11 @@ from django_pgqueue.compat import (
 )
 from django_pgqueue.exceptions import InvalidArguments, LeaseLost, PayloadTooLarge, UnknownTask
 from django_pgqueue.models import Job
-from django_pgqueue.partition import bucket_for
-from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.partition import bucket_for
+from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.values import Failure, JobSpec
+from django_pgqueue.tasks.backend import PgQueueBackend, PgQueueTask
 from tests import tasks
 
 pytestmark = pytest.mark.timeout(60)
@@ -159,7 +159,7 @@ def test_the_tasks_enqueue_many_stores_what_one_spec_per_call_would(enqueued_sig
 def test_the_tasks_enqueue_many_checks_the_options_once_and_every_calls_arguments(
     monkeypatch,
 ):
-    from django_pgqueue import enqueueing
+    from django_pgqueue.store import intake as enqueueing
 
     full_checks = []
     checked = enqueueing.validated
@@ -307,7 +307,7 @@ def test_manager_level_results_keep_working_after_the_job_is_pruned(store):
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].get_result(str(job.pk))
     with pytest.raises(LeaseLost):
-        from django_pgqueue.manager import Lease
+        from django_pgqueue.store.values import Lease
 
         store.complete_if_leased(Lease(job.pk, 1, "w"), "null")
 

@@ -18,7 +18,7 @@ from psycopg import sql
 
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests import ledger
 from tests.lockwatch import LockWatch
 from tests.workers import wait_for
@@ -186,7 +186,8 @@ def test_an_atomic_job_committing_while_the_heartbeat_meets_its_row_is_counted_s
         kwargs={"hold_seconds": 3.0, "linger_after_return": 1.0},
     )
     job_id = Job.objects.enqueue_many([spec])[0].pk
-    worker = workers(*LEASE, settings=RECOVERY)
+    # -v 2: the per-job lines say how the attempt ended.
+    worker = workers(*LEASE, settings=RECOVERY, verbosity=2)
     _wait_finished([job_id])
     assert Job.objects.get(pk=job_id).status == JobStatus.SUCCEEDED
 

@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_pgqueue.enqueueing import EnqueueDefaults, jobs_document, validated, validated_many
 from django_pgqueue.exceptions import InvalidArguments, InvalidOption
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.intake import EnqueueDefaults, jobs_document, validated, validated_many
+from django_pgqueue.store.values import JobSpec
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,9 +19,9 @@ from django.db import transaction
 from django.db.models import F
 
 from django_pgqueue.models import Job
-from django_pgqueue.notices import lease_channel, parse_notice
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.notices import lease_channel, parse_notice
+from django_pgqueue.store.values import JobSpec
 from tests import ledger
 from tests.workers import wait_for
 

@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from django_pgqueue import checks as pgqueue_checks
-from django_pgqueue.schema import queue_tables
+from django_pgqueue.store.schema import queue_tables
 from tests.admin_fixtures import login, url
 from tests.indexes import (
     JOB_TABLE,

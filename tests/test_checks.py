@@ -9,8 +9,8 @@ from django.db import connection, connections
 from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
-from django_pgqueue.backend import PgQueueBackend
 from django_pgqueue.conf import SETTINGS
+from django_pgqueue.tasks.backend import PgQueueBackend
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,9 +11,9 @@ from django.db import connections, transaction
 
 from django_pgqueue import InvalidOption
 from django_pgqueue.models import Job
-from django_pgqueue.sql import QUERIES
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.values import JobSpec
 from tests import tasks
 from tests.workers import wait_for
 

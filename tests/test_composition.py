@@ -14,9 +14,9 @@ import pytest
 from django.db.models import F
 
 from django_pgqueue.models import Job
-from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.connection import ConnectionSlot
 from django_pgqueue.worker.housekeeping import run_pass
 
@@ -113,7 +113,7 @@ def test_a_coalesced_partition_keeps_its_order_after_a_retry(store):
 
 
 def _lease_of(job: Job):
-    from django_pgqueue.values import Lease
+    from django_pgqueue.store.values import Lease
 
     return Lease(job.pk, job.lease_generation, job.claimed_by)
 

@@ -20,7 +20,7 @@ from django.db.migrations.writer import OperationWriter
 from django.test.utils import CaptureQueriesContext
 
 from django_pgqueue.exceptions import InvalidIndexStatement
-from django_pgqueue.schema import EnsureIndexConcurrently, RemoveIndexConcurrentlyExactly
+from django_pgqueue.store.schema import EnsureIndexConcurrently, RemoveIndexConcurrentlyExactly
 from tests.indexes import (
     APP,
     index_oid,
@@ -132,8 +132,8 @@ def test_it_serializes_with_its_statement_and_comment():
     assert (name, args) == ("EnsureIndexConcurrently", [])
     assert EnsureIndexConcurrently(**kwargs).deconstruct() == (name, args, kwargs)
     text, imports = OperationWriter(operation).serialize()
-    assert "import django_pgqueue.schema" in imports
-    assert "django_pgqueue.schema.EnsureIndexConcurrently(" in text
+    assert "import django_pgqueue.store.schema" in imports
+    assert "django_pgqueue.store.schema.EnsureIndexConcurrently(" in text
     assert "sql=" in text
     assert "comment='unique'" in text
 
@@ -205,6 +205,6 @@ def test_a_restorable_drop_serializes_with_its_rebuild_and_comment():
     assert name == "RemoveIndexConcurrentlyExactly"
     assert RemoveIndexConcurrentlyExactly(*args, **kwargs).deconstruct() == (name, args, kwargs)
     text, imports = OperationWriter(operation).serialize()
-    assert "import django_pgqueue.schema" in imports
-    assert "django_pgqueue.schema.RemoveIndexConcurrentlyExactly(" in text
+    assert "import django_pgqueue.store.schema" in imports
+    assert "django_pgqueue.store.schema.RemoveIndexConcurrentlyExactly(" in text
     assert "comment='by queue'" in text

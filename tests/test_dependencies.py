@@ -8,11 +8,11 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgqueue.exceptions import InvalidOption, UnknownDependency
-from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Dependency, Job
-from django_pgqueue.runners import PsycopgRunner
 from django_pgqueue.states import BlockerFailure, JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.values import Failure, JobSpec
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(60)

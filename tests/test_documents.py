@@ -24,7 +24,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from django_pgqueue.embedded import EmbeddedPostgres
+from django_pgqueue.tools.embedded import EmbeddedPostgres
 from tests.database import REPO
 from tests.documents import DISTRIBUTION, Step, extract, run_steps
 from tests.scratch import scratch_database
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.timeout(300)
 SETTINGS_SHIM = """
 from mysite.settings import *  # noqa: F403
 
-from django_pgqueue.embedded import database_settings
+from django_pgqueue.tools.embedded import database_settings
 
 DATABASES = {{"default": database_settings({url!r})}}
 """

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_pgqueue.embedded import EmbeddedPostgresError
 from django_pgqueue.models import Job
+from django_pgqueue.tools.embedded import EmbeddedPostgresError
 from tests.database import embedded_server, rebuild_embedded_server
 
 pytestmark = [pytest.mark.server_control, pytest.mark.timeout(120)]

@@ -16,9 +16,9 @@ from django.utils import timezone
 from django_pgqueue.conf import conf
 from django_pgqueue.exceptions import ConfigurationError, PayloadTooLarge
 from django_pgqueue.models import Job
-from django_pgqueue.partition import bucket_for
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.partition import bucket_for
+from django_pgqueue.store.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -23,7 +23,7 @@ from urllib.request import HTTPCookieProcessor, OpenerDirector, build_opener
 import psycopg
 import pytest
 
-from django_pgqueue.embedded import with_dbname
+from django_pgqueue.tools.embedded import with_dbname
 from tests.database import REPO, database_url
 from tests.workers import wait_for
 

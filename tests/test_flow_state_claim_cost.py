@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from django_pgqueue.notices import flow_channel
-from django_pgqueue.sql import QUERIES
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.notices import flow_channel
+from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.values import JobSpec
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.one_server]
 

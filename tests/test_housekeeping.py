@@ -7,7 +7,7 @@ from django.test import override_settings
 
 from django_pgqueue.models import Job, QueueStat, Worker
 from django_pgqueue.states import JobStatus, WorkerStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.connection import ConnectionSlot
 from django_pgqueue.worker.housekeeping import run_pass
 
@@ -89,7 +89,7 @@ def test_retention_none_keeps_everything(slots, store):
 
 
 def test_statistics_accumulate_per_queue_and_minute(store):
-    from django_pgqueue.manager import QueueCounts
+    from django_pgqueue.store.reports import QueueCounts
 
     store.record_queue_stats([QueueCounts("default", 3, 1, 0, 40), QueueCounts("emails", 1)])
     store.record_queue_stats([QueueCounts("default", 2, 0, 1, 90)])

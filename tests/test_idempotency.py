@@ -9,7 +9,7 @@ import pytest
 from django.db import connections, transaction
 
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.sql import QUERIES
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -18,7 +18,7 @@ import pytest
 
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec, Lease
+from django_pgqueue.store.values import JobSpec, Lease
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker.execution import InFlight
 from tests import tasks
@@ -96,7 +96,8 @@ def test_an_atomic_task_committing_is_not_reported_lost_by_a_heartbeat_in_betwee
     tasks.COMMIT_PROBES.append(heartbeat_in_the_window)
     try:
         job = Job.objects.enqueue_many([JobSpec("tests.tasks.atomic_commit_window")])[0]
-        with caplog.at_level(logging.INFO, logger="django_pgqueue"):
+        # DEBUG: the per-job lines (-v 2) say how the attempt ended.
+        with caplog.at_level(logging.DEBUG, logger="django_pgqueue"):
             thread = threading.Thread(target=worker.run)
             thread.start()
             thread.join(30)

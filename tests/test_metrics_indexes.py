@@ -15,7 +15,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue.sql import QUERIES
+from django_pgqueue.store.sql import QUERIES
 from tests.admin_seed import seed
 from tests.test_admin_indexes import FINISHED_ROWS, JOB_TABLE, _job_table_scans
 

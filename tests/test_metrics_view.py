@@ -12,7 +12,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_pgqueue import pause_queue
-from django_pgqueue.values import QueueCounts
+from django_pgqueue.store.reports import QueueCounts
 from tests.admin_fixtures import (
     dead_letter,
     enqueue,

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from django.core.management import call_command
 
-from django_pgqueue.embedded import with_dbname
+from django_pgqueue.tools.embedded import with_dbname
 from tests.database import REPO, database_url
 
 pytestmark = pytest.mark.timeout(300)

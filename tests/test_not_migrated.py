@@ -14,10 +14,10 @@ from django.db import connections
 from django.test import override_settings
 
 from django_pgqueue import checks as pgqueue_checks
-from django_pgqueue.backend import PgQueueBackend
 from django_pgqueue.compat import task_backends
-from django_pgqueue.embedded import database_settings
 from django_pgqueue.exceptions import AppNotInstalled, NotMigrated
+from django_pgqueue.tasks.backend import PgQueueBackend
+from django_pgqueue.tools.embedded import database_settings
 from tests import tasks
 from tests.scratch import scratch_database
 from tests.workers import WorkerProcess

@@ -15,10 +15,10 @@ import pytest
 from django.apps import apps
 from django.db import connections
 
-from django_pgqueue.backend import PgQueueBackend
 from django_pgqueue.compat import task
 from django_pgqueue.exceptions import ConfigurationError, NotPostgreSQL
 from django_pgqueue.models import Job
+from django_pgqueue.tasks.backend import PgQueueBackend
 
 pytestmark = pytest.mark.timeout(120)
 

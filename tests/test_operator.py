@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_pgqueue.exceptions import InvalidOption, LeaseLost
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.values import Failure, JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,9 +14,9 @@ import random
 import pytest
 from django.utils import timezone
 
-from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.values import Failure, JobSpec
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from django_pgqueue.partition import BUCKET_COUNT, HashRing, bucket_for
+from django_pgqueue.store.partition import BUCKET_COUNT, HashRing, bucket_for
 
 
 def test_buckets_are_stable_across_releases():

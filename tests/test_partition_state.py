@@ -6,12 +6,12 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Job, Partition
-from django_pgqueue.runners import DjangoRunner
-from django_pgqueue.sql import QUERIES
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import DjangoRunner
+from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import PartitionRepair
 from tests.test_migrations import _manage, scratch_database  # noqa: F401 - fixture
 
@@ -153,7 +153,7 @@ def test_migration_0004_makes_existing_partitioned_jobs_claimable(scratch_databa
 
 
 def _PsycopgRunner(conn):
-    from django_pgqueue.manager import PsycopgRunner
+    from django_pgqueue.store.runners import PsycopgRunner
 
     return PsycopgRunner(conn, "default")
 

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from django_pgqueue.models import Job
-from django_pgqueue.partition import BUCKET_COUNT, bucket_for
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.partition import BUCKET_COUNT, bucket_for
+from django_pgqueue.store.values import Failure, JobSpec
 
 pytestmark = pytest.mark.timeout(120)
 

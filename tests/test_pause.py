@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django_pgqueue import InvalidOption, UnknownQueue, pause_queue, paused_queues, resume_queue
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests import ledger
 from tests.workers import wait_for
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from django_pgqueue.exceptions import InvalidArguments
-from django_pgqueue.payload import encode_arguments, encode_result
+from django_pgqueue.store.payload import encode_arguments, encode_result
 
 
 def test_plain_json_round_trips_unchanged():

@@ -21,7 +21,7 @@ pytestmark = [
 ]
 
 ENQUEUE = """
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from django_pgqueue.models import Job
 from tests import tasks
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from django_pgqueue.notices import flow_channel
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.notices import flow_channel
+from django_pgqueue.store.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,13 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from django_pgqueue.bench import (
-    _CEILING_CLAIM,
-    _CEILING_FILL,
-    _PREFILL_SQL,
-    BenchConfig,
-    BenchReport,
-)
+from django_pgqueue.tools.bench import BenchConfig, BenchReport
+from django_pgqueue.tools.bench.ceiling import _CEILING_CLAIM, _CEILING_FILL
+from django_pgqueue.tools.bench.run import _PREFILL_SQL
 from tests import tasks
 from tests.database import REPO
 
@@ -62,7 +58,7 @@ def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, obser
         *("--single-enqueues", "30", "--latency-jobs", "10", "--latency-rate", "50"),
         *("--io-jobs", "0", "--ceiling-jobs", "250"),
     )
-    assert report["config"]["task_path"] == "django_pgqueue.bench.noop"
+    assert report["config"]["task_path"] == "django_pgqueue.tools.bench.tasks.noop"
     ceilings = report["ceilings_per_second"]
     assert set(ceilings) == {"claim_10", "claim_100", "claim_complete_100"}
     assert all(rate > 0 for rate in ceilings.values())
@@ -99,7 +95,7 @@ def test_the_text_report_names_each_figure(db_url):
         "I/O-bound, 1 process, 100 jobs of 5 ms: sync",
         "2 processes x concurrency 10, batch 500, prefetch 0, prefetch window 0.05s",
         "drain:",
-        "task: django_pgqueue.bench.noop",
+        "task: django_pgqueue.tools.bench.tasks.noop",
         "raw SQL ceilings, one connection: claim 10 per statement",
         "claim + fenced completion 100",
     ):
@@ -280,9 +276,9 @@ def test_io_bound_runs_report_sync_and_async_rates(db_url, observer):
         )
     )
     assert ran == {
-        "django_pgqueue.bench.noop": 100,
-        "django_pgqueue.bench.io_sync": 200,
-        "django_pgqueue.bench.io_async": 200,
+        "django_pgqueue.tools.bench.tasks.noop": 100,
+        "django_pgqueue.tools.bench.tasks.io_sync": 200,
+        "django_pgqueue.tools.bench.tasks.io_async": 200,
     }
 
 

@@ -14,10 +14,10 @@ import pytest
 from django.test import override_settings
 
 from django_pgqueue.exceptions import InvalidOption
-from django_pgqueue.flow import Rate, parse_rate
 from django_pgqueue.models import ConcurrencyKey, Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.flow_limits import Rate, parse_rate
+from django_pgqueue.store.values import JobSpec
 from tests import ledger, tasks
 from tests.workers import wait_for
 

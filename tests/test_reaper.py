@@ -8,9 +8,9 @@ import pytest
 
 from django_pgqueue.exceptions import LeaseLost
 from django_pgqueue.models import Job
-from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import Failure, JobSpec
+from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.values import Failure, JobSpec
 
 pytestmark = pytest.mark.timeout(60)
 

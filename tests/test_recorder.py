@@ -17,9 +17,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker.exitwatch import WRITE_ALLOWANCE_SECONDS, OverdueWriteWatchdog
 

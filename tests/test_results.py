@@ -1,4 +1,4 @@
-"""``TaskResult`` values built without the dataclass constructor (django_pgqueue.results).
+"""``TaskResult`` values built without the dataclass constructor (django_pgqueue.tasks.results).
 
 The shortcut must give exactly what Django's constructor gives, on every Django series
 we support, and never hand a result a list or dict the task itself holds.
@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_pgqueue import results
 from django_pgqueue.compat import TaskResult, TaskResultStatus, normalize_json, task_backends
-from django_pgqueue.manager import QueueStore
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.values import JobSpec
+from django_pgqueue.tasks import results
 from django_pgqueue.worker.execution import InFlight, JobRunner, TaskResolver
 from tests import tasks
 
@@ -52,7 +52,7 @@ def _fields(result: TaskResult) -> dict[str, Any]:  # type: ignore[type-arg]
 def test_the_shortcut_is_taken_on_this_django_series():
     # A release that changed TaskResult's fields would silently send every result
     # through the constructor again: slower, still correct. Say so here instead.
-    assert results.SHORTCUT, "TaskResult's fields changed: review django_pgqueue.results"
+    assert results.SHORTCUT, "TaskResult's fields changed: review django_pgqueue.tasks.results"
 
 
 @hypothesis_settings(max_examples=200, deadline=None)

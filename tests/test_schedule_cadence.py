@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_pgqueue.cadence import ALIASES, CadenceError, parse_cadence, zone
+from django_pgqueue.features.cadence import ALIASES, CadenceError, parse_cadence, zone
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from django_pgqueue import cadence, periodic
 from django_pgqueue.checks import check_schedules
 from django_pgqueue.exceptions import InvalidSchedule
-from django_pgqueue.periodic import PeriodicSchedule, declared_schedules
-from django_pgqueue.scheduling import definition_of
+from django_pgqueue.features import cadence, periodic
+from django_pgqueue.features.periodic import PeriodicSchedule, declared_schedules
+from django_pgqueue.features.scheduling import definition_of
 from tests import tasks
 
 pytestmark = pytest.mark.timeout(30)

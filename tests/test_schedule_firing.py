@@ -7,11 +7,11 @@ from datetime import UTC, timedelta
 
 import pytest
 
-from django_pgqueue.cadence import parse_cadence
 from django_pgqueue.conf import conf
-from django_pgqueue.manager import QueueStore
-from django_pgqueue.runners import PsycopgRunner
-from django_pgqueue.scheduling import fire_due, pause, resume, run_now
+from django_pgqueue.features.cadence import parse_cadence
+from django_pgqueue.features.scheduling import fire_due, pause, resume, run_now
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
 from tests.schedules import (
     PROBE,
     jobs_per_fire,

@@ -12,9 +12,9 @@ from datetime import UTC, datetime
 import pytest
 from django.test import override_settings
 
+from django_pgqueue.features.periodic import PeriodicSchedule
+from django_pgqueue.features.scheduling import fire_due, run_now
 from django_pgqueue.models import Job, Schedule
-from django_pgqueue.periodic import PeriodicSchedule
-from django_pgqueue.scheduling import fire_due, run_now
 from django_pgqueue.states import JobStatus
 from tests import tasks
 from tests.schedules import PROBE, make_due, sync

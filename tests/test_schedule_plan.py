@@ -7,8 +7,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_pgqueue.cadence import parse_cadence
-from django_pgqueue.periodic import (
+from django_pgqueue.features.cadence import parse_cadence
+from django_pgqueue.features.periodic import (
     MAX_CATCH_UP,
     PeriodicSchedule,
     ScheduledFire,

@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from django_pgqueue.manager import SCHEDULE_SYNC_LOCK_KEY
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.queue import SCHEDULE_SYNC_LOCK_KEY
+from django_pgqueue.store.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker import scheduler as scheduler_module
 from django_pgqueue.worker.scheduler import Scheduler

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from django_pgqueue.periodic import parse_fire_key
+from django_pgqueue.features.periodic import parse_fire_key
 from tests.schedules import PROBE, jobs_per_fire
 from tests.workers import wait_for
 

@@ -9,7 +9,7 @@ import pytest
 
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 
 pytestmark = [pytest.mark.soak, pytest.mark.timeout(900)]
 

@@ -41,9 +41,9 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_pgqueue.manager import QueueStore
-from django_pgqueue.runners import PsycopgRunner
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.values import JobSpec
 from tests import invariants
 from tests.database import embedded_server
 from tests.faults import Database, LockWaitSampler, WorkerFleet

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-import django_pgqueue.manager
-from django_pgqueue.sql import QUERIES, parse
+import django_pgqueue.store.statements
 from django_pgqueue.states import TRANSITIONS, JobStatus, Transition, WorkerStatus
+from django_pgqueue.store.sql import QUERIES, parse
 
-MANAGER_SOURCE = Path(django_pgqueue.manager.__file__).read_text()
+STATEMENTS = Path(django_pgqueue.store.statements.__file__).parent
+#: Each statement module's source, by name (one module per sql/*.sql file).
+STATEMENT_SOURCES = {path.stem: path.read_text() for path in STATEMENTS.glob("*.py")}
 
 #: Which transitions each status-changing statement performs.
 STATUS_WRITES = {
@@ -36,10 +38,17 @@ _SET_STATUS = re.compile(r"SET status = (?:'(\w+)'|CASE(.*?)END)", re.S)
 _LITERAL = re.compile(r"'(\w+)'")
 
 
-def test_every_query_is_described_and_used_by_the_manager():
+def test_every_query_is_described_and_used_by_the_store():
+    every_source = "".join(STATEMENT_SOURCES.values())
     for name, query in QUERIES.items():
         assert query.description, f"{name} has no description"
-        assert f'"{name}"' in MANAGER_SOURCE, f"{name} is never run by the manager"
+        assert f'"{name}"' in every_source, f"{name} is never run by the store"
+
+
+def test_each_sql_file_has_its_statement_module():
+    # The Python follows the SQL's seams: sql/lease.sql is run by statements/lease.py.
+    files = {path.stem for path in (STATEMENTS.parent / "sql").glob("*.sql")}
+    assert files <= set(STATEMENT_SOURCES), files - set(STATEMENT_SOURCES)
 
 
 def test_status_literals_are_job_statuses():

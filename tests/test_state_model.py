@@ -59,10 +59,10 @@ from hypothesis.stateful import (
 )
 
 from django_pgqueue.exceptions import LeaseLost
-from django_pgqueue.manager import QueueStore
-from django_pgqueue.retry import RetryPolicy
 from django_pgqueue.states import TRANSITIONS, JobStatus
-from django_pgqueue.values import Failure, JobSpec, Lease
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.values import Failure, JobSpec, Lease
 from tests.queue_model import FAILED, FINISHED, KEYS, RATED, ModelJob, QueueModel, claim_order
 
 pytestmark = pytest.mark.timeout(900)

@@ -89,7 +89,8 @@ def test_a_return_value_that_cannot_be_stored_succeeds_with_a_note_and_a_warning
     output = worker.output()
     warnings = [line for line in output.splitlines() if " WARNING " in line]
     assert any(f"job {result.id}: the return value of" in line for line in warnings), output
-    assert f"job {result.id} succeeded" in output
+    # The summary line (the default verbosity) counts it a success.
+    assert ": 1 succeeded" in output
 
 
 def test_an_atomic_task_with_an_unstorable_return_value_commits_its_work(workers):

@@ -18,11 +18,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from django_pgqueue import tracing
 from django_pgqueue.exceptions import InvalidOption
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store import tracing
+from django_pgqueue.store.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions, execution
 from tests import tasks
 from tests.workers import wait_for
@@ -161,7 +161,7 @@ def test_without_opentelemetry_nothing_is_stored_or_made(monkeypatch, spans, db)
 _WITHOUT_AN_SDK = """
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from django_pgqueue import tracing
+from django_pgqueue.store import tracing
 
 before = tracing.recording()
 with tracing.attempt_span(None) as span:

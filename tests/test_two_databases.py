@@ -17,10 +17,10 @@ from django.db import connections
 from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_pgqueue.embedded import database_settings
 from django_pgqueue.exceptions import DependencyInOtherDatabase
 from django_pgqueue.models import Job
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
+from django_pgqueue.tools.embedded import database_settings
 from tests import tasks
 from tests.admin_fixtures import login
 from tests.database import REPO

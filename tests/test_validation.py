@@ -106,7 +106,7 @@ def test_the_callers_transaction_stays_usable_after_a_rejected_enqueue():
 
 
 def test_bulk_enqueue_writes_nothing_if_any_spec_is_bad():
-    from django_pgqueue.manager import JobSpec
+    from django_pgqueue.store.values import JobSpec
 
     with pytest.raises(InvalidArguments) as caught:
         Job.objects.enqueue_many(

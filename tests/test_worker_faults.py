@@ -17,10 +17,10 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_pgqueue.embedded import with_dbname
-from django_pgqueue.manager import QueueStore
-from django_pgqueue.runners import PsycopgRunner
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.values import JobSpec
+from django_pgqueue.tools.embedded import with_dbname
 from tests.database import REPO, embedded_server
 from tests.workers import WorkerProcess, wait_for
 

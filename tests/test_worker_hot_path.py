@@ -17,9 +17,10 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from django_pgqueue.manager import QueueStore, _loads_json
 from django_pgqueue.models import Job
-from django_pgqueue.values import ClaimedJob, JobSpec
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.statements.base import loads_json as _loads_json
+from django_pgqueue.store.values import ClaimedJob, JobSpec
 from django_pgqueue.worker.execution import InFlight
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import pytest
 from django_pgqueue.compat import TaskResultStatus, task_backends
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests import ledger, tasks
 from tests.models import Order
 from tests.workers import wait_for

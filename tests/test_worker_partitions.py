@@ -9,7 +9,7 @@ import pytest
 
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.values import JobSpec
+from django_pgqueue.store.values import JobSpec
 from tests import ledger
 from tests.workers import wait_for
 

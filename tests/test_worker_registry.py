@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from django_pgqueue.models import Worker
-from django_pgqueue.partition import BUCKET_COUNT
 from django_pgqueue.states import WorkerStatus
+from django_pgqueue.store.partition import BUCKET_COUNT
 from django_pgqueue.worker.heartbeat import bucket_masks
 from tests.workers import wait_for
 

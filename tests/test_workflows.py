@@ -10,10 +10,10 @@ import psycopg
 import pytest
 from django.db import connections, transaction
 
+from django_pgqueue.features.waiting import WaitTimeout, await_result, wait
+from django_pgqueue.features.workflows import chain, group, step
 from django_pgqueue.models import Dependency, Job
 from django_pgqueue.states import JobStatus
-from django_pgqueue.waiting import WaitTimeout, await_result, wait
-from django_pgqueue.workflows import chain, group, step
 from tests import ledger, tasks
 from tests.workers import wait_for
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import assert_type
 
 from django_pgqueue import task
-from django_pgqueue.backend import PgQueueTask
-from django_pgqueue.periodic import periodic
+from django_pgqueue.features.periodic import periodic
+from django_pgqueue.tasks.backend import PgQueueTask
 
 
 @task(queue_name="emails", priority=10, max_attempts=8, timeout=60.0, atomic=True)

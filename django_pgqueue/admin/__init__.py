@@ -6,13 +6,13 @@ default admin site. Every change to a job goes through the queue manager.
 
 from django.contrib import admin
 
-from ..models import ConcurrencyKey, DeadLetter, Job, Lag, Schedule, Worker
-from .dead_letters import DeadLetterAdmin
-from .flow import FlowControlAdmin
-from .jobs import JobAdmin
-from .lag import QueueLagAdmin
-from .schedules import ScheduleAdmin
-from .workers import WorkerAdmin
+from django_pgqueue.admin.dead_letters import DeadLetterAdmin
+from django_pgqueue.admin.flow import FlowControlAdmin
+from django_pgqueue.admin.jobs import JobAdmin
+from django_pgqueue.admin.lag import QueueLagAdmin
+from django_pgqueue.admin.schedules import ScheduleAdmin
+from django_pgqueue.admin.workers import WorkerAdmin
+from django_pgqueue.models import ConcurrencyKey, DeadLetter, Job, Lag, Schedule, Worker
 
 __all__ = [
     "DeadLetterAdmin",

@@ -34,12 +34,12 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..manager import OPERATOR_CHUNK
-from ..models import Job
-from ..states import TERMINAL_STATUSES, TRANSITIONS, Transition
-from ..values import OperatorResult
-from .filters import ANY_TIME
-from .pagination import RowCount, count_rows
+from django_pgqueue.admin.filters import ANY_TIME
+from django_pgqueue.admin.pagination import RowCount, count_rows
+from django_pgqueue.models import Job
+from django_pgqueue.states import TERMINAL_STATUSES, TRANSITIONS, Transition
+from django_pgqueue.store.queue import OPERATOR_CHUNK
+from django_pgqueue.store.values import OperatorResult
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -20,16 +20,14 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Dependency, Job
-from ..states import JobStatus
-from .actions import (
+from django_pgqueue.admin.actions import (
     DISCARD,
     RETRY,
     RETRY_REVIVE,
     has_operation_permission,
     operation_actions,
 )
-from .filters import (
+from django_pgqueue.admin.filters import (
     NO_ERROR_CLASS,
     CreatedRangeFilter,
     ErrorClassFilter,
@@ -37,8 +35,10 @@ from .filters import (
     QueueFilter,
     TaskFilter,
 )
-from .formatting import moment, task_link
-from .jobs import BaseJobAdmin
+from django_pgqueue.admin.formatting import moment, task_link
+from django_pgqueue.admin.jobs import BaseJobAdmin
+from django_pgqueue.models import Dependency, Job
+from django_pgqueue.states import JobStatus
 
 __all__ = ["DeadLetterAdmin"]
 

@@ -21,12 +21,18 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Job, Worker
-from ..periodic import parse_fire_key
-from ..states import JobStatus
-from .actions import OPERATIONS, RETURN_TO, Operation, has_operation_permission
-from .flow import describe_wait
-from .formatting import UNKNOWN_TASK_LABEL, duration, pretty_json, relative, status_badge
+from django_pgqueue.admin.actions import OPERATIONS, RETURN_TO, Operation, has_operation_permission
+from django_pgqueue.admin.flow import describe_wait
+from django_pgqueue.admin.formatting import (
+    UNKNOWN_TASK_LABEL,
+    duration,
+    pretty_json,
+    relative,
+    status_badge,
+)
+from django_pgqueue.features.periodic import parse_fire_key
+from django_pgqueue.models import Job, Worker
+from django_pgqueue.states import JobStatus
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin
@@ -295,7 +301,7 @@ DEPENDENCIES_SHOWN = 50
 
 def _dependencies(job: Job) -> dict[str, Any]:
     """Return what the job runs after and what runs after it, each with its status."""
-    from ..models import Dependency
+    from django_pgqueue.models import Dependency
 
     if not job.has_dependents and job.status != JobStatus.BLOCKED:
         # A job enqueued after= others has edges even once settled: one cheap probe.

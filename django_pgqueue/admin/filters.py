@@ -20,9 +20,9 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from rangefilter.filters import DateTimeRangeFilter
 
-from ..states import TERMINAL_STATUSES, JobStatus
-from .pagination import estimate_rows
-from .queues import known_queues
+from django_pgqueue.admin.pagination import estimate_rows
+from django_pgqueue.admin.queues import known_queues
+from django_pgqueue.states import TERMINAL_STATUSES, JobStatus
 
 __all__ = [
     "ANY_TIME",

@@ -17,8 +17,8 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..models import ConcurrencyKey, Job
-from ..states import JobStatus
+from django_pgqueue.models import ConcurrencyKey, Job
+from django_pgqueue.states import JobStatus
 
 __all__ = ["FlowControlAdmin", "describe_wait", "tokens_now"]
 

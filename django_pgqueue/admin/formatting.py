@@ -15,7 +15,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from ..states import JobStatus, WorkerStatus
+from django_pgqueue.states import JobStatus, WorkerStatus
 
 __all__ = [
     "PAYLOAD_DISPLAY_LIMIT",

@@ -22,12 +22,18 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Job
-from ..states import JobStatus
-from .actions import CANCEL, DISCARD, REQUEUE, RETRY, RETRY_REVIVE, RUN_NOW, operation_actions
-from .changelist import QueueChangeList
-from .detail import render_job_detail
-from .filters import (
+from django_pgqueue.admin.actions import (
+    CANCEL,
+    DISCARD,
+    REQUEUE,
+    RETRY,
+    RETRY_REVIVE,
+    RUN_NOW,
+    operation_actions,
+)
+from django_pgqueue.admin.changelist import QueueChangeList
+from django_pgqueue.admin.detail import render_job_detail
+from django_pgqueue.admin.filters import (
     AvailableRangeFilter,
     CreatedRangeFilter,
     FinishedRangeFilter,
@@ -36,12 +42,14 @@ from .filters import (
     StatusFilter,
     TaskFilter,
 )
-from .formatting import moment, status_badge, task_link
-from .pagination import EstimatedCountPaginator
-from .parameters import drop_unstorable_parameters
-from .pauses import can_pause, pause_links, paused_queues_for
-from .queues import known_queues
-from .stuck import stuck_lines
+from django_pgqueue.admin.formatting import moment, status_badge, task_link
+from django_pgqueue.admin.pagination import EstimatedCountPaginator
+from django_pgqueue.admin.parameters import drop_unstorable_parameters
+from django_pgqueue.admin.pauses import can_pause, pause_links, paused_queues_for
+from django_pgqueue.admin.queues import known_queues
+from django_pgqueue.admin.stuck import stuck_lines
+from django_pgqueue.models import Job
+from django_pgqueue.states import JobStatus
 
 __all__ = ["BaseJobAdmin", "JobAdmin"]
 

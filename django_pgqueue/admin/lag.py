@@ -30,16 +30,16 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Job, Lag
-from ..schema import index_problems
-from ..states import JobStatus
-from ..values import PausedQueue, QueueLag, QueueMinute
-from .filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
-from .formatting import compact, duration, exact
-from .pauses import can_pause, pause_links, paused_queues_for, queue_pause_view
-from .queues import configured_queues
-from .stuck import stuck_lines
-from .svg import ChartPoint, minute_series, throughput_chart
+from django_pgqueue.admin.filters import EXPIRED, READY, SCHEDULED, UNKNOWN_TASK
+from django_pgqueue.admin.formatting import compact, duration, exact
+from django_pgqueue.admin.pauses import can_pause, pause_links, paused_queues_for, queue_pause_view
+from django_pgqueue.admin.queues import configured_queues
+from django_pgqueue.admin.stuck import stuck_lines
+from django_pgqueue.admin.svg import ChartPoint, minute_series, throughput_chart
+from django_pgqueue.models import Job, Lag
+from django_pgqueue.states import JobStatus
+from django_pgqueue.store.reports import PausedQueue, QueueLag, QueueMinute
+from django_pgqueue.store.schema import index_problems
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Lag]

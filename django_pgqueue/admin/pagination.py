@@ -16,7 +16,7 @@ from django.core.paginator import Paginator
 from django.db.models import Model, QuerySet
 from django.utils.functional import cached_property
 
-from ..models import Job
+from django_pgqueue.models import Job
 
 __all__ = [
     "EXACT_LIMIT",

@@ -2,7 +2,7 @@
 
 The lag page links each queue to ``pause/?queue=<name>`` or ``resume/?queue=<name>``;
 GET shows the confirmation page (with a reason field for a pause), a POST carrying
-``confirmed=yes`` applies it through :mod:`django_pgqueue.pausing` and logs a
+``confirmed=yes`` applies it through :mod:`django_pgqueue.features.pausing` and logs a
 ``LogEntry`` against the queue. Both need the change permission on jobs, like the other
 operator actions.
 """
@@ -25,10 +25,10 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..exceptions import EnqueueError
-from ..models import Job, QueuePause
-from ..pausing import pause_queue, paused_queues, resume_queue
-from ..values import PausedQueue
+from django_pgqueue.exceptions import EnqueueError
+from django_pgqueue.features.pausing import pause_queue, paused_queues, resume_queue
+from django_pgqueue.models import Job, QueuePause
+from django_pgqueue.store.reports import PausedQueue
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Any]

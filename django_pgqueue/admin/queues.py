@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-from ..compat import task_backends
-from ..models import Job
+from django_pgqueue.models import Job
+from django_pgqueue.tasks.backend import configured_queues
 
 __all__ = ["configured_queues", "known_queues"]
-
-
-def configured_queues() -> set[str]:
-    """Return the queues named in ``TASKS`` by the backends of this package."""
-    from ..backend import PgQueueBackend
-
-    queues: set[str] = set()
-    for alias in task_backends.settings:
-        backend = task_backends[alias]
-        if isinstance(backend, PgQueueBackend):
-            queues.update(backend.queues)
-    return queues
 
 
 def known_queues(using: str | None = None) -> list[str]:

@@ -2,7 +2,7 @@
 
 Rows are written by the workers (synced from code at start, advanced on each fire), so
 the page edits nothing. Its actions (pause, resume, run now) go through
-:mod:`django_pgqueue.scheduling`, are confirmed first, fenced in SQL (pausing an already
+:mod:`django_pgqueue.features.scheduling`, are confirmed first, fenced in SQL (pausing an already
 paused schedule, or resuming one a sync changed meanwhile, does nothing; a "run now"
 confirmation submitted twice enqueues once), and logged per schedule.
 """
@@ -32,12 +32,12 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..manager import QueueStore
-from ..models import Schedule
-from ..periodic import fire_key
-from ..runners import DjangoRunner
-from ..scheduling import pause, resume, run_now
-from .formatting import age, exact, pretty_json, relative, status_badge
+from django_pgqueue.admin.formatting import age, exact, pretty_json, relative, status_badge
+from django_pgqueue.features.periodic import fire_key
+from django_pgqueue.features.scheduling import pause, resume, run_now
+from django_pgqueue.models import Schedule
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import DjangoRunner
 
 __all__ = ["ScheduleAdmin"]
 

@@ -24,12 +24,12 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from ..conf import conf
-from ..models import Job
-from ..values import StuckKind, StuckWork
-from .filters import EXPIRED, READY
-from .formatting import moment
-from .queues import known_queues
+from django_pgqueue.admin.filters import EXPIRED, READY
+from django_pgqueue.admin.formatting import moment
+from django_pgqueue.admin.queues import known_queues
+from django_pgqueue.conf import conf
+from django_pgqueue.models import Job
+from django_pgqueue.store.reports import StuckKind, StuckWork
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

@@ -14,8 +14,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
-from ..values import QueueMinute
-from .formatting import compact, duration
+from django_pgqueue.admin.formatting import compact, duration
+from django_pgqueue.store.reports import QueueMinute
 
 __all__ = ["ChartPoint", "minute_series", "throughput_chart"]
 

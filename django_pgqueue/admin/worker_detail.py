@@ -22,13 +22,13 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..conf import conf
-from ..models import Job, Worker
-from ..partition import BUCKET_COUNT
-from ..states import JobStatus, WorkerStatus
-from ..values import WorkerLoad
-from .filters import EXPIRED
-from .formatting import duration, exact, pretty_json, relative, worker_badge
+from django_pgqueue.admin.filters import EXPIRED
+from django_pgqueue.admin.formatting import duration, exact, pretty_json, relative, worker_badge
+from django_pgqueue.conf import conf
+from django_pgqueue.models import Job, Worker
+from django_pgqueue.states import JobStatus, WorkerStatus
+from django_pgqueue.store.partition import BUCKET_COUNT
+from django_pgqueue.store.reports import WorkerLoad
 
 if TYPE_CHECKING:
     from django.contrib.admin import ModelAdmin

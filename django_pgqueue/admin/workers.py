@@ -18,12 +18,17 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..models import Job, Worker
-from ..partition import BUCKET_COUNT
-from ..values import WorkerLoad
-from .formatting import age, exact, moment
-from .parameters import drop_unstorable_parameters
-from .worker_detail import in_flight_html, inbox_url, render_worker_detail, worker_status
+from django_pgqueue.admin.formatting import age, exact, moment
+from django_pgqueue.admin.parameters import drop_unstorable_parameters
+from django_pgqueue.admin.worker_detail import (
+    in_flight_html,
+    inbox_url,
+    render_worker_detail,
+    worker_status,
+)
+from django_pgqueue.models import Job, Worker
+from django_pgqueue.store.partition import BUCKET_COUNT
+from django_pgqueue.store.reports import WorkerLoad
 
 __all__ = ["WorkerAdmin"]
 

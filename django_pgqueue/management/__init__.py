@@ -1,0 +1,1 @@
+"""Management commands: runqueueworker, queuehealth, queuebench, pausequeue, resumequeue."""

@@ -18,7 +18,10 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ._client import Collector, GaugeMetricFamily, Metric
+from django_pgqueue.compat import task_backends
+from django_pgqueue.conf import conf
+from django_pgqueue.metrics._client import Collector, GaugeMetricFamily, Metric
+from django_pgqueue.tasks.backend import PgQueueBackend
 
 __all__ = ["COUNT_LIMIT", "WINDOWS", "DatabaseQueues", "QueueCollector", "pgqueue_databases"]
 
@@ -38,8 +41,6 @@ class DatabaseQueues:
 
 def pgqueue_databases() -> list[DatabaseQueues]:
     """Return every database a ``PgQueueBackend`` of ``TASKS`` uses, with its queues."""
-    from ..backend import PgQueueBackend
-    from ..compat import task_backends
 
     queues: dict[str, set[str]] = {}
     for alias in task_backends.settings:
@@ -77,8 +78,7 @@ class QueueCollector(Collector):
         yield from families.all()
 
     def _collect_database(self, database: DatabaseQueues, families: _Families) -> None:
-        from ..conf import conf
-        from ..models import Job
+        from django_pgqueue.models import Job
 
         started = time.perf_counter()
         store = Job.objects.store(database.alias)

@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 
-from ..exceptions import ConfigurationError
+from django_pgqueue.exceptions import ConfigurationError
 
 __all__ = ["ENVIRONMENT_VARIABLE", "prepare_multiprocess_dir"]
 

@@ -17,9 +17,9 @@ import hmac
 
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 
-from ..conf import conf
-from ._client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from .collector import QueueCollector
+from django_pgqueue.conf import conf
+from django_pgqueue.metrics._client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from django_pgqueue.metrics.collector import QueueCollector
 
 __all__ = ["is_authorized", "metrics_view"]
 

@@ -14,9 +14,15 @@ import os
 import threading
 from typing import Final
 
-from ..values import ClaimedJob
-from ..worker import observe
-from ._client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from django_pgqueue.metrics._client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from django_pgqueue.store.values import ClaimedJob
+from django_pgqueue.worker import observe
 
 __all__ = ["OUTCOMES", "WorkerMetrics", "serve_worker_metrics"]
 

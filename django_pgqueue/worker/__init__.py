@@ -2,9 +2,9 @@
 
 import logging
 
-from ..compat import TASKS_LOGGER_NAME
-from .loop import Worker
-from .options import WorkerOptions, default_worker_id
+from django_pgqueue.compat import TASKS_LOGGER_NAME
+from django_pgqueue.worker.loop import Worker
+from django_pgqueue.worker.options import WorkerOptions, default_worker_id
 
 __all__ = ["Worker", "WorkerOptions", "default_worker_id", "quiet_django_task_logs"]
 

@@ -11,9 +11,9 @@ import psycopg
 from django.db import utils as django_db_utils
 from psycopg import pq
 
-from ..manager import QueueStore
-from ..pgconn import connect
-from ..runners import PsycopgRunner
+from django_pgqueue.store.pgconn import connect
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
 
 __all__ = ["CONNECTION_ERRORS", "TRANSIENT_ERRORS", "ConnectionSlot"]
 

@@ -23,10 +23,15 @@ from typing import Any
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 
-from ..backend import PgQueueBackend, PgQueueTask, resolve_task
-from ..compat import Task, TaskError, TaskResult, TaskResultStatus, task_finished, task_started
-from ..context import JobContext
-from ..exceptions import (
+from django_pgqueue.compat import (
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    task_finished,
+    task_started,
+)
+from django_pgqueue.exceptions import (
     InvalidArguments,
     JobCancelled,
     JobTimeout,
@@ -34,13 +39,15 @@ from ..exceptions import (
     PermanentError,
     UnknownTask,
 )
-from ..manager import QueueStore
-from ..payload import StoredResult, encode_result
-from ..periodic import parse_fire_key
-from ..results import build_result, unshared
-from ..runners import DjangoRunner
-from ..tracing import attempt_span, record_exception, recording, set_outcome
-from ..values import ClaimedJob, Failure
+from django_pgqueue.features.periodic import parse_fire_key
+from django_pgqueue.store.payload import StoredResult, encode_result
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import DjangoRunner
+from django_pgqueue.store.tracing import attempt_span, record_exception, recording, set_outcome
+from django_pgqueue.store.values import ClaimedJob, Failure
+from django_pgqueue.tasks.backend import PgQueueBackend, PgQueueTask, resolve_task
+from django_pgqueue.tasks.context import JobContext
+from django_pgqueue.tasks.results import build_result, unshared
 
 __all__ = [
     "InFlight",

@@ -26,10 +26,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..partition import BUCKET_COUNT, HashRing
-from ..values import Lease, QueueCounts
-from . import observe
-from .connection import CONNECTION_ERRORS, ConnectionSlot
+from django_pgqueue.store.partition import BUCKET_COUNT, HashRing
+from django_pgqueue.store.reports import QueueCounts
+from django_pgqueue.store.values import Lease
+from django_pgqueue.worker import observe
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, ConnectionSlot
 
 __all__ = ["Heartbeat", "bucket_masks"]
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import psycopg
 
-from ..conf import conf
-from ..manager import LAZY_FOLD_BATCH, QueueStore
-from ..retry import RetryPolicy
-from ..values import ReapedJob
-from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
+from django_pgqueue.conf import conf
+from django_pgqueue.store.queue import LAZY_FOLD_BATCH, QueueStore
+from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.values import ReapedJob
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 
 __all__ = ["Housekeeper", "HousekeepingReport", "PartitionRepair", "run_pass"]
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Collection
 
 from psycopg import sql
 
-from ..pgconn import connect
-from .connection import CONNECTION_ERRORS
+from django_pgqueue.store.pgconn import connect
+from django_pgqueue.worker.connection import CONNECTION_ERRORS
 
 __all__ = ["Listener"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from ..values import ClaimedJob
+from django_pgqueue.store.values import ClaimedJob
 
 __all__ = [
     "ATTEMPT",

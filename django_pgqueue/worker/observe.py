@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..values import ClaimedJob
+from django_pgqueue.store.values import ClaimedJob
 
 __all__ = ["NullObserver", "WorkerObserver", "current", "install"]
 

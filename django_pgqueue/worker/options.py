@@ -9,9 +9,10 @@ import socket
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..compat import task_backends
-from ..conf import conf
-from ..exceptions import ConfigurationError
+from django_pgqueue.compat import task_backends
+from django_pgqueue.conf import conf
+from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.tasks.backend import PgQueueBackend
 
 __all__ = ["WorkerOptions", "default_worker_id"]
 
@@ -61,7 +62,6 @@ class WorkerOptions:
     @classmethod
     def from_settings(cls, *, backend: str = "default", **overrides: Any) -> WorkerOptions:
         """Return validated options; ``overrides`` set to None fall back to settings."""
-        from ..backend import PgQueueBackend
 
         if backend not in task_backends.settings:
             raise ConfigurationError(f"--backend {backend!r} is not a key of TASKS")

@@ -11,8 +11,14 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from .execution import InFlight, Outcome, OutcomeKind, cancelled_failure, failure_from
-from .logfields import job_extra
+from django_pgqueue.worker.execution import (
+    InFlight,
+    Outcome,
+    OutcomeKind,
+    cancelled_failure,
+    failure_from,
+)
+from django_pgqueue.worker.logfields import job_extra
 
 __all__ = ["AsyncRunner", "ThreadPool"]
 

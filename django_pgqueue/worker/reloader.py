@@ -35,9 +35,9 @@ from typing import Any
 
 from django.utils import autoreload
 
-from .loop import Worker
-from .options import WorkerOptions
-from .stopsignal import SignalRelay
+from django_pgqueue.worker.loop import Worker
+from django_pgqueue.worker.options import WorkerOptions
+from django_pgqueue.worker.stopsignal import SignalRelay
 
 __all__ = ["run_with_reloader"]
 

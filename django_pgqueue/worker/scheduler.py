@@ -14,10 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..exceptions import InvalidSchedule
-from ..periodic import declared_schedules, schedule_database
-from ..scheduling import FireReport, fire_due, sync_schedules
-from .connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
+from django_pgqueue.exceptions import InvalidSchedule
+from django_pgqueue.features.periodic import declared_schedules, schedule_database
+from django_pgqueue.features.scheduling import FireReport, fire_due, sync_schedules
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 
 __all__ = ["MAX_SLEEP", "Scheduler", "sync_declared"]
 

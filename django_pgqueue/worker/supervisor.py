@@ -23,9 +23,10 @@ from multiprocessing.process import BaseProcess
 
 from django.db import connections
 
-from . import observe
-from .options import WorkerOptions, default_worker_id
-from .stopsignal import STOP_SIGNALS, SignalRelay
+from django_pgqueue.worker import observe
+from django_pgqueue.worker.loop import Worker
+from django_pgqueue.worker.options import WorkerOptions, default_worker_id
+from django_pgqueue.worker.stopsignal import STOP_SIGNALS, SignalRelay
 
 __all__ = ["Supervisor"]
 
@@ -44,8 +45,6 @@ def _run_child(main: Callable[[WorkerOptions], None], options: WorkerOptions) ->
 
 
 def _child_main(options: WorkerOptions) -> None:
-    from .loop import Worker
-
     # A fresh id per child (and per restart): ids are never reused by a new process.
     code = Worker(replace(options, worker_id=default_worker_id())).run()
     os._exit(code)

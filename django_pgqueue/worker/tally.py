@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from .logfields import INTERVAL, OUTCOMES, WORKER
+from django_pgqueue.worker.logfields import INTERVAL, OUTCOMES, WORKER
 
 __all__ = ["OutcomeTally"]
 

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from django_pgqueue.workflows import group, step
+from django_pgqueue.features.workflows import group, step
 from orders.models import Customer, Order, Product, Statement
 from orders.tasks import (
     INVOICE_LINES,

@@ -42,9 +42,9 @@ from django.utils import timezone
 # django_pgqueue.task is Django's @task with the queue's options spelled out: typed, and
 # the same on every supported Django (6.0's own decorator rejects options like max_attempts).
 from django_pgqueue import task
-from django_pgqueue.context import JobContext
 from django_pgqueue.exceptions import PermanentError
-from django_pgqueue.periodic import periodic
+from django_pgqueue.features.periodic import periodic
+from django_pgqueue.tasks.context import JobContext
 from orders.models import (
     AnalyticsEvent,
     Counter,

@@ -23,9 +23,9 @@ def embedded_url() -> str:
     """Start the embedded server if it is not running; return the demo database's URL.
 
     The server is left running: the test suite and ``make demo`` share it, and
-    ``python -m django_pgqueue.embedded stop .pgdata`` (or ``make clean``) stops it.
+    ``python -m django_pgqueue.tools.embedded stop .pgdata`` (or ``make clean``) stops it.
     """
-    from django_pgqueue.embedded import EmbeddedPostgres
+    from django_pgqueue.tools.embedded import EmbeddedPostgres
 
     server = EmbeddedPostgres(EMBEDDED_ROOT)
     server.start()
@@ -77,6 +77,6 @@ def describe(url: str) -> str:
 
 def django_database(url: str) -> dict[str, Any]:
     """Translate a libpq URL (or ``key=value`` string) into a ``DATABASES`` entry."""
-    from django_pgqueue.embedded import database_settings
+    from django_pgqueue.tools.embedded import database_settings
 
     return database_settings(url)

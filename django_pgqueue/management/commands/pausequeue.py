@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...exceptions import EnqueueError
-from ...pausing import pause_queue
+from django_pgqueue.exceptions import EnqueueError
+from django_pgqueue.features.pausing import pause_queue
 
 
 class Command(BaseCommand):

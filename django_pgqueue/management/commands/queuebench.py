@@ -8,9 +8,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...bench import NOOP_PATH, TUNED, BenchConfig, BenchmarkError, bench_task, run_benchmark
-from ...compat import InvalidTask
-from ...exceptions import ConfigurationError
+from django_pgqueue.compat import InvalidTask
+from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.tools.bench import (
+    NOOP_PATH,
+    TUNED,
+    BenchConfig,
+    BenchmarkError,
+    bench_task,
+    run_benchmark,
+)
 
 
 class Command(BaseCommand):

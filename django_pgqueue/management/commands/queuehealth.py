@@ -8,10 +8,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...compat import task_backends
-from ...conf import conf
-from ...exceptions import ConfigurationError
-from ...health import ProbeResult, liveness, readiness
+from django_pgqueue.compat import task_backends
+from django_pgqueue.conf import conf
+from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.features.health import ProbeResult, liveness, readiness
+from django_pgqueue.tasks.backend import PgQueueBackend
 
 
 class Command(BaseCommand):
@@ -72,8 +73,6 @@ class Command(BaseCommand):
         self.stdout.write("; ".join(f"{probe}: ok {result.reason}" for probe, result in results))
 
     def _database(self, backend_alias: str) -> str:
-        from ...backend import PgQueueBackend
-
         if backend_alias not in task_backends.settings:
             raise CommandError(f"no TASKS backend named {backend_alias!r}", returncode=2)
         backend = task_backends[backend_alias]

@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...exceptions import EnqueueError
-from ...pausing import resume_queue
+from django_pgqueue.exceptions import EnqueueError
+from django_pgqueue.features.pausing import resume_queue
 
 
 class Command(BaseCommand):

@@ -12,11 +12,11 @@ from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from ...exceptions import ConfigurationError, NotMigrated
-from ...tables import missing_tables
-from ...worker import Worker, WorkerOptions, quiet_django_task_logs
-from ...worker.reloader import run_with_reloader
-from ...worker.supervisor import Supervisor
+from django_pgqueue.exceptions import ConfigurationError, NotMigrated
+from django_pgqueue.store.tables import missing_tables
+from django_pgqueue.worker import Worker, WorkerOptions, quiet_django_task_logs
+from django_pgqueue.worker.reloader import run_with_reloader
+from django_pgqueue.worker.supervisor import Supervisor
 
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -163,10 +163,10 @@ class Command(BaseCommand):
             raise CommandError(f"--metrics-port must be a TCP port, not {port}", returncode=2)
         try:
             if multiprocess:
-                from ...metrics.multiproc import prepare_multiprocess_dir
+                from django_pgqueue.metrics.multiproc import prepare_multiprocess_dir
 
                 prepare_multiprocess_dir()
-            from ...metrics.worker import serve_worker_metrics
+            from django_pgqueue.metrics.worker import serve_worker_metrics
 
             serve_worker_metrics(port, addr)
         except ImportError as error:

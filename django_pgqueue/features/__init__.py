@@ -1,0 +1,4 @@
+"""Features built on the store and the task API.
+
+Pausing, periodic schedules, workflows, waiting for a result, health probes.
+"""

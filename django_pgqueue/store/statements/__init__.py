@@ -1,0 +1,1 @@
+"""The queue store's statements, one module per ``sql/*.sql`` file."""

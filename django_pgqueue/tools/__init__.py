@@ -1,0 +1,1 @@
+"""Tools beside the queue: the benchmark behind ``queuebench`` and the embedded PostgreSQL."""
