@@ -3,6 +3,12 @@
 The code lives in :mod:`django_pgqueue.features.waiting`; this module only re-exports it.
 """
 
-from django_pgqueue.features.waiting import WaitTimeout, await_result, wait
+from django_pgqueue.features.waiting import (
+    FINISHED_CHANNEL,
+    REREAD_SECONDS,
+    WaitTimeout,
+    await_result,
+    wait,
+)
 
-__all__ = ["WaitTimeout", "await_result", "wait"]
+__all__ = ["FINISHED_CHANNEL", "REREAD_SECONDS", "WaitTimeout", "await_result", "wait"]

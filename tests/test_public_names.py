@@ -35,10 +35,15 @@ _DOTTED = re.compile(
 _NOT_PATHS = re.compile(r"^django_pgqueue\.([EW]\d{3}|jobs|schedules)$")
 
 
+_AUTOMODULE = re.compile(r"automodule:: (django_pgqueue(?:\.\w+)*)\n\s+:members: ([\w, ]+)")
+
+
 def _documented() -> set[tuple[str, str]]:
     found: set[tuple[str, str]] = set()
     for source in SOURCES:
         text = source.read_text()
+        for module, names in _AUTOMODULE.findall(text):
+            found.update((module, name.strip()) for name in names.split(",") if name.strip())
         for module, names in _FROM_IMPORT.findall(text):
             for imported in names.split(","):
                 name = imported.strip().split(" as ")[0]
