@@ -227,3 +227,43 @@ def test_a_syntax_error_keeps_the_worker_watching_and_the_fix_restarts_it(
             code = process.wait()
         print(log.read_text(errors="replace"))
     assert code == 0
+
+
+class _FakeReloader:
+    def __init__(self) -> None:
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def _reloading_worker(prepare):
+    from django_pgqueue.worker.options import WorkerOptions
+    from django_pgqueue.worker.reloader import _ReloadingWorker
+
+    options = WorkerOptions.from_settings(burst=True, handle_signals=False)
+    return _ReloadingWorker(options, prepare)
+
+
+def test_an_error_before_the_reloader_starts_keeps_it_watching(db_url):
+    # A new child whose checks fail at once: the worker's thread has ended (with the
+    # error) before Django's reloader sends autoreload_started. It must keep watching,
+    # so that fixing the file restarts the worker; it used to stop, and the command
+    # exited with 0.
+    def broken() -> None:
+        raise SyntaxError("invalid syntax")
+
+    reloading = _reloading_worker(broken)
+    with pytest.raises(SyntaxError):
+        reloading.run()
+    reloader = _FakeReloader()
+    reloading._reloader_started(reloader)
+    assert reloader.stopped is False
+
+
+def test_a_burst_that_ended_before_the_reloader_starts_stops_it(db_url):
+    reloading = _reloading_worker(lambda: None)
+    reloading.run()  # --burst on an empty queue: returns at once
+    reloader = _FakeReloader()
+    reloading._reloader_started(reloader)
+    assert reloader.stopped is True

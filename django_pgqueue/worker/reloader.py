@@ -125,6 +125,9 @@ class _ReloadingWorker:
         self.grace_seconds = options.grace_seconds
         self.reloader: Any = None
         self.finished = threading.Event()
+        # The worker ended with an error: the reloader must keep watching, even if it
+        # starts only after the error (a check failing at once in a new child).
+        self.failed = False
         self._lock = threading.Lock()
         self._stop_requested = False
 
@@ -141,6 +144,7 @@ class _ReloadingWorker:
             # Django's reloader records the file of the error and keeps watching it (the
             # exception goes on to it), so fixing the file restarts the worker.
             with self._lock:
+                self.failed = True
                 self.finished.set()
             what = "".join(traceback.format_exception_only(error)).strip()
             logger.error(
@@ -172,8 +176,8 @@ class _ReloadingWorker:
     def _reloader_started(self, sender: Any, **kwargs: Any) -> None:
         with self._lock:
             self.reloader = sender
-            finished = self.finished.is_set()
-        if finished:
+            done = self.finished.is_set() and not self.failed
+        if done:  # --burst or --max-jobs ended before the reloader started
             sender.stop()
 
     def _file_changed(self, sender: Any, file_path: Any, **kwargs: Any) -> None:
