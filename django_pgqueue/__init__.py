@@ -15,6 +15,8 @@ from django_pgqueue.exceptions import (
     PayloadTooLarge,
     PermanentError,
     PgQueueError,
+    Snooze,
+    SnoozeLimitReached,
     UnknownQueue,
     UnknownTask,
 )
@@ -54,6 +56,8 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
+    "Snooze",
+    "SnoozeLimitReached",
     "UnknownQueue",
     "UnknownTask",
     "WorkerStatus",

@@ -87,6 +87,7 @@ SETTING_CHECK_IDS = {
     "RATE_LIMITS": "django_pgqueue.E124",
     "PREFETCH_WINDOW_SECONDS": "django_pgqueue.E125",
     "LOG_SUMMARY_SECONDS": "django_pgqueue.E126",
+    "MAX_SNOOZES": "django_pgqueue.E127",
 }
 
 

@@ -15,7 +15,7 @@ from typing import Final
 from django.conf import settings
 
 from django_pgqueue.exceptions import ConfigurationError, InvalidOption
-from django_pgqueue.limits import parse_rate
+from django_pgqueue.limits import MAX_SNOOZES_LIMIT, parse_rate
 
 __all__ = ["SETTINGS", "Settings", "conf"]
 
@@ -34,6 +34,12 @@ class SettingSpec:
 #: Every setting, in documentation order.
 SETTINGS: Final[tuple[SettingSpec, ...]] = (
     SettingSpec("MAX_ATTEMPTS", 5, "Attempts a job gets when its task sets no max_attempts."),
+    SettingSpec(
+        "MAX_SNOOZES",
+        100,
+        "Snoozes a job may ask for when its task sets no max_snoozes; one more "
+        "dead-letters it (SnoozeLimitReached).",
+    ),
     SettingSpec(
         "MAX_PAYLOAD_BYTES", 1_000_000, "Largest JSON-encoded args + kwargs accepted at enqueue."
     ),
@@ -145,6 +151,11 @@ class Settings:
     def MAX_ATTEMPTS(self) -> int:  # noqa: N802 - settings are upper case
         """Attempts a job gets when its task sets none."""
         return self._int("MAX_ATTEMPTS", minimum=1, maximum=1000)
+
+    @property
+    def MAX_SNOOZES(self) -> int:  # noqa: N802
+        """Snoozes a job may ask for when its task sets none."""
+        return self._int("MAX_SNOOZES", minimum=0, maximum=MAX_SNOOZES_LIMIT)
 
     @property
     def MAX_PAYLOAD_BYTES(self) -> int:  # noqa: N802

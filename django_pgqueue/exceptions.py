@@ -6,6 +6,9 @@ against the Tasks API (``except InvalidTask``) keeps working.
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
+
 from django.core.exceptions import ImproperlyConfigured
 
 from django_pgqueue.compat import InvalidTask, TaskResultDoesNotExist
@@ -28,6 +31,8 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "PgQueueError",
+    "Snooze",
+    "SnoozeLimitReached",
     "UnknownDependency",
     "UnknownQueue",
     "UnknownTask",
@@ -159,6 +164,45 @@ class PermanentError(Exception):
     Use ``raise PermanentError("why") from error`` to keep the original error in the
     traceback that is stored with the job.
     """
+
+
+#: Longest snooze accepted: a year. Longer is surely a unit mistake (milliseconds?).
+SNOOZE_MAX_SECONDS = 366 * 86400
+
+
+class Snooze(Exception):
+    """Raise (or return) from a task to run the job again later without using an attempt.
+
+    ``Snooze(30)`` or ``Snooze(timedelta(minutes=5))``: the job goes back to the queue,
+    ready again that long after the worker records it (database clock). Its attempt
+    count is given back, its history gains a "snoozed" entry, and its ``snoozes`` count
+    grows; past the task's ``max_snoozes`` (``PGQUEUE_MAX_SNOOZES``) the job is
+    dead-lettered with :class:`SnoozeLimitReached` instead, so it cannot snooze forever.
+
+    Bad input is refused here, in the handler, as :class:`InvalidOption`: the attempt
+    then fails like any other error.
+    """
+
+    def __init__(self, seconds: float | timedelta) -> None:
+        if isinstance(seconds, timedelta):
+            value = seconds.total_seconds()
+        elif isinstance(seconds, int | float) and not isinstance(seconds, bool):
+            value = float(seconds)
+        else:
+            raise InvalidOption(
+                "Snooze(seconds)", f"must be a number of seconds or a timedelta, not {seconds!r}"
+            )
+        if not math.isfinite(value) or not 0 <= value <= SNOOZE_MAX_SECONDS:
+            raise InvalidOption(
+                "Snooze(seconds)",
+                f"{seconds!r} is not between 0 and {SNOOZE_MAX_SECONDS} seconds (a year)",
+            )
+        self.seconds = value
+        super().__init__(f"snoozed for {value:g}s")
+
+
+class SnoozeLimitReached(PgQueueError):
+    """Recorded when a job asked to snooze more often than its task's ``max_snoozes``."""
 
 
 # ---------------------------------------------------------------- enqueue-time errors

@@ -16,6 +16,7 @@ KEY_MAX_LENGTH = 255
 WORKER_ID_MAX_LENGTH = 200
 SCHEDULE_NAME_MAX_LENGTH = 150
 MAX_ATTEMPTS_LIMIT = 1000
+MAX_SNOOZES_LIMIT = 1_000_000
 # Job ids are bigint: ids outside this range are refused before PostgreSQL sees them.
 JOB_ID_MIN = -(2**63)
 JOB_ID_MAX = 2**63 - 1

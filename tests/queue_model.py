@@ -43,6 +43,8 @@ class ModelJob:
     coalesce: str | None = None
     status: JobStatus = JobStatus.PENDING
     attempts: int = 0
+    #: Times its handler snoozed (no attempt used); reset by a retry.
+    snoozes: int = 0
     ready_at: int = 0
     lease: Lease | None = None
     lease_expires: int | None = None

@@ -653,3 +653,71 @@ def atomic_commit_window(context: Any) -> int:
     for probe in COMMIT_PROBES:
         transaction.on_commit(functools.partial(probe, context.job_id))
     return context.attempt
+
+
+# ---------------------------------------------------------------- snoozes
+def _snoozes(job_id: int) -> int:
+    from django_pgqueue.models import Job
+
+    return int(Job.objects.values_list("snoozes", flat=True).get(pk=job_id))
+
+
+@task(takes_context=True, max_attempts=1, max_snoozes=3)
+def ledger_snooze(context: Any, times: int = 1, seconds: float = 0.0, how: str = "raise") -> Any:
+    """Snooze ``times`` times (raising or returning Snooze), then return what it saw."""
+    from django_pgqueue import Snooze
+
+    snoozes = _snoozes(context.job_id)
+    if snoozes < times:
+        _ledger(context, "snooze", str(snoozes))
+        if how == "return":
+            return Snooze(seconds)
+        raise Snooze(seconds)
+    _ledger(context, "done", str(snoozes))
+    return {"attempt": context.attempt, "snoozes": snoozes}
+
+
+@task(takes_context=True, max_attempts=1, max_snoozes=3)
+async def ledger_async_snooze(context: Any, times: int = 1) -> Any:
+    """The async twin of ledger_snooze (always raises)."""
+    from asgiref.sync import sync_to_async
+
+    from django_pgqueue import Snooze
+
+    snoozes = await sync_to_async(_snoozes)(context.job_id)
+    if snoozes < times:
+        await sync_to_async(_ledger)(context, "snooze", str(snoozes))
+        raise Snooze(0)
+    await sync_to_async(_ledger)(context, "done", str(snoozes))
+    return {"attempt": context.attempt, "snoozes": snoozes}
+
+
+@task(takes_context=True, max_attempts=2, max_snoozes=2)
+def ledger_snooze_forever(context: Any) -> None:
+    """Ask to snooze every time: past max_snoozes the job is dead-lettered."""
+    from django_pgqueue import Snooze
+
+    _ledger(context, "snooze")
+    raise Snooze(0)
+
+
+@task(takes_context=True, atomic=True, max_snoozes=5)
+def ledger_atomic_snooze(context: Any, times: int = 1) -> int:
+    """Write an Order, then snooze ``times`` times: a snooze rolls the Order back."""
+    from django_pgqueue import Snooze
+    from tests.models import Order
+
+    snoozes = _snoozes(context.job_id)
+    # One row per job: a rolled-back snooze leaves none, so the create never collides.
+    Order.objects.create(job_id=context.job_id, note=f"after {snoozes} snoozes")
+    if snoozes < times:
+        return Snooze(0)  # type: ignore[return-value]
+    return snoozes
+
+
+@task(takes_context=True, max_attempts=1)
+def ledger_bad_snooze(context: Any) -> None:
+    """Ask for a snooze of a negative length: the attempt fails with InvalidOption."""
+    from django_pgqueue import Snooze
+
+    raise Snooze(-5)

@@ -8,7 +8,8 @@ beside a plain Python model (``tests/queue_model.py``) of what each must do:
 - claims by several workers (full rounds, plain rounds, and two workers at once on two
   connections), and what a worker does with a lease: complete (alone or batched), fail
   (permanently or not), time out (the handler keeps running past its deadline), extend,
-  give back (one, or a prefetched batch handed back), by the current lease or a stale one;
+  give back (one, or a prefetched batch handed back), snooze (no attempt used, dead letter
+  past the cap), by the current lease or a stale one;
 - lease expiry and the reaper; an operator's cancel (pending, blocked or running), retry
   (with or without reviving dependents), run now, pause and resume a queue; pruning;
   housekeeping's fold of lazy signals; the clock moving on.
@@ -144,7 +145,7 @@ class QueueMachine(RuleBasedStateMachine):
             "SELECT id, status, attempts, max_attempts, lease_generation, claimed_by, "
             "partition_key, concurrency_key, coalesce_key, available_at, "
             "available_at <= now() AS ready, lease_expires_at, "
-            "cancel_requested_at IS NOT NULL AS cancel_requested FROM django_pgqueue_job"
+            "cancel_requested_at IS NOT NULL AS cancel_requested, snoozes FROM django_pgqueue_job"
         ).fetchall()
         names = (
             "id",
@@ -160,6 +161,7 @@ class QueueMachine(RuleBasedStateMachine):
             "ready",
             "lease_expires_at",
             "cancel_requested",
+            "snoozes",
         )
         return {row[0]: dict(zip(names, row, strict=True)) for row in rows}
 
@@ -541,6 +543,36 @@ class QueueMachine(RuleBasedStateMachine):
         job.attempts -= 1
         self.model.end_attempt(job, JobStatus.PENDING, ready_at=self.now + delay)
 
+    @rule(lease=leases, delay=st.sampled_from((0, 100)), cap=st.sampled_from((0, 1, 3)))
+    def snooze(self, lease: Lease, delay: int, cap: int) -> None:
+        """The handler raised Snooze: back without using an attempt, up to its task's cap.
+
+        The cap is drawn per snooze (a deploy may change a task's ``max_snoozes``).
+        """
+        if not self.is_current(lease):
+            if lease.job_id in self.model.jobs:
+                self.expect_lease_lost(
+                    lease,
+                    lambda: self.store.snooze_if_leased(
+                        lease, delay_seconds=delay, max_snoozes=cap
+                    ),
+                )
+            return
+        snoozed = self.store.snooze_if_leased(lease, delay_seconds=delay, max_snoozes=cap)
+        job = self.model.jobs[lease.job_id]
+        if job.cancel_requested:
+            job.finished_under = lease
+            self.model.end_attempt(job, JobStatus.CANCELLED)
+        elif job.snoozes >= cap:
+            self.checked["snooze over its cap dead-lettered"] += 1
+            self.model.end_attempt(job, JobStatus.DEAD_LETTER)
+        else:
+            job.attempts -= 1
+            job.snoozes += 1
+            self.checked["snoozed"] += 1
+            self.model.end_attempt(job, JobStatus.PENDING, ready_at=self.now + delay)
+        assert snoozed.status == job.status, f"job {job.id}: snooze gave {snoozed}, model {job}"
+
     @precondition(lambda self: self.model.running())
     @rule(worker=st.sampled_from(WORKERS))
     def hand_back(self, worker: str) -> None:
@@ -588,6 +620,7 @@ class QueueMachine(RuleBasedStateMachine):
             job = self.model.jobs[job_id]
             job.status = outcomes[job_id]
             job.attempts = 0
+            job.snoozes = 0
             job.ready_at = self.now
             job.coalesce = None
             job.cancel_requested = False
@@ -701,6 +734,7 @@ class QueueMachine(RuleBasedStateMachine):
                 assert (previous, status) in ALLOWED_MOVES, f"job {job_id}: {previous} -> {status}"
             self.seen_status[job_id] = status
             assert row["attempts"] == model.attempts
+            assert row["snoozes"] == model.snoozes, f"job {job_id}: snoozes"
             if status == JobStatus.PROCESSING:
                 assert row["cancel_requested"] == model.cancel_requested
                 assert model.lease is not None
@@ -804,5 +838,7 @@ def test_every_feature_and_operator_action_together_matches_the_model(store, mak
         "revived dependents",
         "pruned finished jobs",
         "overdue handler kept its lease",
+        "snoozed",
+        "snooze over its cap dead-lettered",
     ):
         assert checked[what], f"never exercised: {what}"

@@ -67,6 +67,8 @@ class ErrorAttempt:
     traceback: str
     worker: str
     at: str
+    #: A snooze (the handler asked to run again later), not a failure.
+    snoozed: bool = False
 
 
 def render_job_detail(
@@ -191,14 +193,24 @@ def _timeline(job: Job, now: datetime) -> list[TimelineEvent]:
         events.append(TimelineEvent(_("first started"), job.started_at))
     for entry in job.error_history():
         at = _parse_time(entry.get("at"))
-        if at is not None:
+        if at is None:
+            continue
+        if "snoozed" in entry:
             events.append(
                 TimelineEvent(
-                    _("attempt %(attempt)s failed") % {"attempt": entry.get("attempt", "?")},
+                    _("attempt %(attempt)s snoozed") % {"attempt": entry.get("attempt", "?")},
                     at,
-                    str(entry.get("exception_class", "")),
+                    _("for %(seconds)s") % {"seconds": _snooze_length(entry["snoozed"])},
                 )
             )
+            continue
+        events.append(
+            TimelineEvent(
+                _("attempt %(attempt)s failed") % {"attempt": entry.get("attempt", "?")},
+                at,
+                str(entry.get("exception_class", "")),
+            )
+        )
     if job.claimed_at:
         events.append(TimelineEvent(_("claimed"), job.claimed_at, job.claimed_by or ""))
     if job.status == JobStatus.PENDING:
@@ -229,15 +241,31 @@ def _parse_time(value: object) -> datetime | None:
     return moment if timezone.is_aware(moment) else timezone.make_aware(moment)
 
 
+def _snooze_length(value: object) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return duration(float(value))
+    return str(value)
+
+
 def _attempts(job: Job) -> list[ErrorAttempt]:
     return [
         ErrorAttempt(
             attempt=entry.get("attempt", "?"),
-            exception_class=str(entry.get("exception_class") or ""),
-            message=str(entry.get("message") or ""),
+            exception_class=str(
+                _("snoozed (no attempt used)")
+                if "snoozed" in entry
+                else entry.get("exception_class") or ""
+            ),
+            message=str(
+                _("asked to run again in %(seconds)s")
+                % {"seconds": _snooze_length(entry["snoozed"])}
+                if "snoozed" in entry
+                else entry.get("message") or ""
+            ),
             traceback=str(entry.get("traceback") or ""),
             worker=str(entry.get("worker") or ""),
             at=_format_at(entry.get("at")),
+            snoozed="snoozed" in entry,
         )
         for entry in job.error_history()
         if isinstance(entry, dict)

@@ -32,10 +32,12 @@ OUTCOMES: Final = {
     "failed, will retry": "failed",
     "dead-lettered": "dead_lettered",
     "released": "released",
+    "snoozed": "snoozed",
     "abandoned": "abandoned",
     "lease lost": "lease_lost",
     "release refused (lease lost)": "lease_lost",
     "failed (lease lost)": "lease_lost",
+    "snooze refused (lease lost)": "lease_lost",
     "not recorded": "not_recorded",
 }
 

@@ -86,7 +86,14 @@ class Job(models.Model):
     errors = models.JSONField(
         _("error history"),
         default=list,
-        db_comment="One object per failed attempt: class, message, traceback, worker, at.",
+        db_comment="One object per failed attempt (class, message, traceback, worker, at) "
+        "or snoozed one (snoozed: seconds, worker, at).",
+    )
+    snoozes = models.IntegerField(
+        _("snoozes"),
+        db_default=0,
+        db_comment="Times the job's handler asked to run again later (Snooze) without "
+        "using an attempt; capped by the task's max_snoozes.",
     )
     result = models.JSONField(_("result"), null=True, blank=True)
     idempotency_key = models.CharField(  # noqa: DJ001
@@ -348,7 +355,10 @@ class Job(models.Model):
         return self.task_path.rpartition(".")[2]
 
     def error_history(self) -> list[dict[str, Any]]:
-        """Return the recorded attempts' errors, oldest first."""
+        """Return the recorded attempts' errors and snoozes, oldest first.
+
+        A snooze's entry has a ``snoozed`` key (the seconds asked for) and no exception.
+        """
         return list(self.errors or [])
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "PausedSchedule",
     "ReapedJob",
     "ScheduleDefinition",
+    "Snoozed",
 ]
 
 
@@ -325,6 +326,16 @@ class FailOutcome:
     available_at: datetime
     attempts: int
     max_attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Snoozed:
+    """Where a snoozed job went: back to ``pending`` (or dead letter, or cancelled)."""
+
+    job_id: int
+    status: JobStatus
+    available_at: datetime
+    snoozes: int
 
 
 @dataclass(frozen=True, slots=True)

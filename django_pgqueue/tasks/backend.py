@@ -50,7 +50,12 @@ from django_pgqueue.exceptions import (
     UnknownQueue,
     UnknownTask,
 )
-from django_pgqueue.limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, QUEUE_MAX_LENGTH
+from django_pgqueue.limits import (
+    KEY_MAX_LENGTH,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_SNOOZES_LIMIT,
+    QUEUE_MAX_LENGTH,
+)
 from django_pgqueue.states import BlockerFailure, JobStatus
 from django_pgqueue.store.coalescing import check_coalescing
 from django_pgqueue.store.flow_limits import check_limit, parse_rate
@@ -86,6 +91,8 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     max_attempts: int | None = None
     #: Seconds one attempt may run before it is failed with ``JobTimeout`` (None: no cap).
     timeout: float | None = None
+    #: Times a job may ``Snooze`` before it is dead-lettered (None: ``PGQUEUE_MAX_SNOOZES``).
+    max_snoozes: int | None = None
     #: Run the handler and its completion in one transaction (effectively-once writes).
     atomic: bool = False
     #: Enqueueing again with the same key returns the existing job instead of a new one.
@@ -123,6 +130,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
         partition_key: str | None = None,
         max_attempts: int | None = None,
         timeout: float | None = None,
+        max_snoozes: int | None = None,
         coalesce_key: str | None = None,
         debounce: timedelta | float | None = None,
         after: Iterable[Any] | None = None,
@@ -144,6 +152,7 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
                 ("partition_key", partition_key),
                 ("max_attempts", max_attempts),
                 ("timeout", timeout),
+                ("max_snoozes", max_snoozes),
                 ("coalesce_key", coalesce_key),
                 ("debounce", debounce),
                 ("after", None if after is None else tuple(after)),
@@ -387,6 +396,8 @@ class PgQueueBackend(BaseTaskBackend):
                 traceback=str(entry.get("traceback") or entry.get("message", "")),
             )
             for entry in history
+            # A snooze ran on a worker (worker_ids names it) but raised no error.
+            if "snoozed" not in entry
         ]
         if status is JobStatus.CANCELLED:
             errors.append(
@@ -482,6 +493,15 @@ def _validate_options(task: PgQueueTask) -> None:
         or task.timeout <= 0
     ):
         raise InvalidOption("timeout", f"{task.timeout!r} is not a positive number of seconds")
+    if task.max_snoozes is not None and (
+        isinstance(task.max_snoozes, bool)
+        or not isinstance(task.max_snoozes, int)
+        or not 0 <= task.max_snoozes <= MAX_SNOOZES_LIMIT
+    ):
+        raise InvalidOption(
+            "max_snoozes",
+            f"{task.max_snoozes!r} is not a whole number in 0..{MAX_SNOOZES_LIMIT}",
+        )
     if not isinstance(task.atomic, bool):
         raise InvalidOption("atomic", f"must be True or False, not {task.atomic!r}")
     if task.atomic and inspect.iscoroutinefunction(task.func):

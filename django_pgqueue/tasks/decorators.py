@@ -37,6 +37,7 @@ def task(
     takes_context: bool = False,
     max_attempts: int | None = None,
     timeout: float | None = None,
+    max_snoozes: int | None = None,
     atomic: bool = False,
     idempotency_key: str | None = None,
     partition_key: str | None = None,
@@ -58,6 +59,7 @@ def task(
     takes_context: bool = False,
     max_attempts: int | None = None,
     timeout: float | None = None,
+    max_snoozes: int | None = None,
     atomic: bool = False,
     idempotency_key: str | None = None,
     partition_key: str | None = None,
@@ -88,6 +90,7 @@ def task(
             run_after=None,  # Django 6.0's Task has no default for it
             max_attempts=max_attempts,
             timeout=timeout,
+            max_snoozes=max_snoozes,
             atomic=atomic,
             idempotency_key=idempotency_key,
             partition_key=partition_key,

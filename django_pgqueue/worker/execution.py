@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import inspect
 import logging
 import threading
 import time
@@ -24,7 +23,6 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 
 from django_pgqueue.compat import (
-    Task,
     TaskError,
     TaskResult,
     TaskResultStatus,
@@ -37,7 +35,7 @@ from django_pgqueue.exceptions import (
     JobTimeout,
     LeaseLost,
     PermanentError,
-    UnknownTask,
+    Snooze,
 )
 from django_pgqueue.features.periodic import parse_fire_key
 from django_pgqueue.store.payload import StoredResult, encode_result
@@ -45,17 +43,16 @@ from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import DjangoRunner
 from django_pgqueue.store.tracing import attempt_span, record_exception, recording, set_outcome
 from django_pgqueue.store.values import ClaimedJob, Failure
-from django_pgqueue.tasks.backend import PgQueueBackend, PgQueueTask, resolve_task
+from django_pgqueue.tasks.backend import PgQueueBackend
 from django_pgqueue.tasks.context import JobContext
 from django_pgqueue.tasks.results import build_result, unshared
+from django_pgqueue.worker.resolver import TaskEntry
 
 __all__ = [
     "InFlight",
     "JobRunner",
     "Outcome",
     "OutcomeKind",
-    "TaskEntry",
-    "TaskResolver",
     "cancelled_failure",
 ]
 
@@ -66,59 +63,6 @@ _MAX_TRACEBACK = 50_000
 # Set on a TypeError raised because a job's arguments do not bind to its task: the error
 # is recorded as it is, but retrying it cannot help.
 _ARGUMENTS_MISMATCH = "_pgqueue_arguments_mismatch"
-# How long an import failure is remembered before the import is tried again.
-_UNKNOWN_TASK_RETRY_SECONDS = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class TaskEntry:
-    """A task this process can run, with what the runner needs precomputed."""
-
-    task: Task  # type: ignore[type-arg]
-    func: Callable[..., Any]
-    signature: inspect.Signature
-    is_async: bool
-    takes_context: bool
-    atomic: bool
-    timeout: float | None
-
-
-class TaskResolver:
-    """Import task paths once and remember the result (failures for a few seconds)."""
-
-    def __init__(self) -> None:
-        self._known: dict[str, TaskEntry] = {}
-        self._unknown: dict[str, tuple[float, UnknownTask]] = {}
-        self._lock = threading.Lock()
-
-    def resolve(self, task_path: str) -> TaskEntry:
-        """Return the entry for ``task_path``; raise :class:`UnknownTask` if unimportable."""
-        entry = self._known.get(task_path)
-        if entry is not None:
-            return entry
-        with self._lock:
-            failed = self._unknown.get(task_path)
-            if failed is not None and time.monotonic() - failed[0] < _UNKNOWN_TASK_RETRY_SECONDS:
-                raise failed[1]
-            try:
-                task = resolve_task(task_path)
-            except UnknownTask as error:
-                self._unknown[task_path] = (time.monotonic(), error)
-                raise
-            func = task.func
-            options = task if isinstance(task, PgQueueTask) else None
-            entry = TaskEntry(
-                task=task,
-                func=func,
-                signature=inspect.signature(func),
-                is_async=inspect.iscoroutinefunction(func),
-                takes_context=task.takes_context,
-                atomic=bool(options and options.atomic),
-                timeout=options.timeout if options else None,
-            )
-            self._known[task_path] = entry
-            self._unknown.pop(task_path, None)
-            return entry
 
 
 #: Guards the one moment an attempt either starts or is withdrawn (see InFlight.begin):
@@ -221,6 +165,7 @@ class OutcomeKind(enum.Enum):
     SUCCEEDED = "succeeded"  # complete it (batched)
     FAILED = "failed"  # fail it: retry later or dead-letter
     RELEASE = "release"  # give it back without using an attempt
+    SNOOZED = "snoozed"  # the handler asked to run again later, without using an attempt
     COMMITTED = "committed"  # an atomic task already completed it in its transaction
     LOST = "lost"  # the lease was gone: nothing to record
 
@@ -249,6 +194,7 @@ _SPAN_OUTCOMES = {
     OutcomeKind.COMMITTED: "succeeded",
     OutcomeKind.FAILED: "failed",
     OutcomeKind.RELEASE: "released",
+    OutcomeKind.SNOOZED: "snoozed",
     OutcomeKind.LOST: "lease_lost",
 }
 
@@ -423,6 +369,31 @@ class JobRunner:
             duration=time.monotonic() - started,
         )
 
+    def _snoozed(
+        self,
+        flight: InFlight,
+        task_result: TaskResult,  # type: ignore[type-arg]
+        snooze: Snooze,
+        started: float,
+    ) -> Outcome:
+        """Report an attempt that asked to run again later (see :class:`Snooze`).
+
+        ``task_finished`` is sent with status READY: the attempt is over (receivers
+        that pair it with ``task_started`` stay paired) and the job is waiting again.
+        """
+        object.__setattr__(task_result, "status", TaskResultStatus.READY)
+        for receiver, response in task_finished.send_robust(
+            PgQueueBackend, task_result=task_result
+        ):
+            if isinstance(response, Exception):
+                logger.error("task_finished receiver %r raised", receiver, exc_info=response)
+        return Outcome(
+            flight,
+            OutcomeKind.SNOOZED,
+            delay=snooze.seconds,
+            duration=time.monotonic() - started,
+        )
+
     def _succeeded(
         self,
         flight: InFlight,
@@ -472,8 +443,12 @@ class JobRunner:
         try:
             task_started.send(PgQueueBackend, task_result=task_result)
             value = entry.func(*args, **job.kwargs)
+        except Snooze as snooze:
+            return self._snoozed(flight, task_result, snooze, started)
         except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
+        if isinstance(value, Snooze):
+            return self._snoozed(flight, task_result, value, started)
         stored = _stored(job, value)
         return self._succeeded(flight, task_result, stored.value, stored.json, started)
 
@@ -495,7 +470,12 @@ class JobRunner:
         try:
             with transaction.atomic(using=self.database):
                 task_started.send(PgQueueBackend, task_result=task_result)
-                stored = _stored(job, entry.func(*args, **job.kwargs))
+                value = entry.func(*args, **job.kwargs)
+                if isinstance(value, Snooze):
+                    # Returned or raised, a snooze rolls the handler's writes back: the
+                    # job runs again, and its writes must not be there twice.
+                    raise value
+                stored = _stored(job, value)
                 store.complete_if_leased(job.lease, stored.json)
                 flight.committing = True
             # Committed: the job is finished in the database, its lease is no longer
@@ -513,6 +493,8 @@ class JobRunner:
                 failure=cancelled_failure("its transaction was rolled back"),
                 duration=time.monotonic() - started,
             )
+        except Snooze as snooze:
+            return self._snoozed(flight, task_result, snooze, started)
         except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
         return self._succeeded(
@@ -559,8 +541,12 @@ class JobRunner:
                 value = await coroutine
         except asyncio.CancelledError:
             raise
+        except Snooze as snooze:
+            return self._snoozed(flight, task_result, snooze, started)
         except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
             return self._failed(flight, task_result, raised, args, started)
+        if isinstance(value, Snooze):
+            return self._snoozed(flight, task_result, value, started)
         stored = _stored(job, value)
         return self._succeeded(flight, task_result, stored.value, stored.json, started)
 

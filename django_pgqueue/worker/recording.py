@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from django_pgqueue.exceptions import JobTimeout, LeaseLost
+from django_pgqueue.exceptions import JobTimeout, LeaseLost, SnoozeLimitReached
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.reports import QueueCounts
 from django_pgqueue.store.storable import storable_failure, storable_text
@@ -28,6 +28,7 @@ job_logger = logging.getLogger("django_pgqueue.jobs")
 
 #: Outcomes of an attempt that never started are no run of the job (see ``_finish``).
 _NOT_RUN = frozenset({OutcomeKind.LOST, OutcomeKind.RELEASE})
+_SNOOZE_LIMIT_CLASS = f"{SnoozeLimitReached.__module__}.{SnoozeLimitReached.__qualname__}"
 
 
 class OutcomeRecorder(WorkerState):
@@ -110,7 +111,7 @@ class OutcomeRecorder(WorkerState):
         flight = outcome.flight
         if not flight.overdue or flight.abandoned:
             return
-        if outcome.kind not in (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED):
+        if outcome.kind not in (OutcomeKind.SUCCEEDED, OutcomeKind.FAILED, OutcomeKind.SNOOZED):
             return
         assert flight.entry is not None
         outcome.kind = OutcomeKind.FAILED
@@ -171,6 +172,8 @@ class OutcomeRecorder(WorkerState):
                 except LeaseLost:
                     label = "release refused (lease lost)"
                 self._finish(outcome, label)
+            elif outcome.kind is OutcomeKind.SNOOZED:
+                self._snooze_one(store, outcome)
         except CONNECTION_ERRORS + TRANSIENT_ERRORS:
             raise
         except psycopg.Error:
@@ -205,6 +208,30 @@ class OutcomeRecorder(WorkerState):
             )
             done = store.complete_many_outcomes(self.id, [(lease, note)])
         self._finish(outcome, _completion_label(done.get(lease.job_id)))
+
+    def _snooze_one(self, store: Any, outcome: Outcome) -> None:
+        flight = outcome.flight
+        assert flight.entry is not None
+        try:
+            snoozed = store.snooze_if_leased(
+                flight.job.lease,
+                delay_seconds=outcome.delay,
+                max_snoozes=flight.entry.max_snoozes,
+            )
+        except LeaseLost:
+            self._finish(outcome, "snooze refused (lease lost)")
+            return
+        if snoozed.status is JobStatus.DEAD_LETTER:
+            outcome.failure = Failure(
+                exception_class=_SNOOZE_LIMIT_CLASS,
+                message=f"asked to snooze again after {snoozed.snoozes} snoozes "
+                f"(max_snoozes={flight.entry.max_snoozes})",
+                permanent=True,
+            )
+            self._finish(outcome, "dead-lettered")
+            return
+        label = _FAILURE_LABELS.get(snoozed.status, "snoozed")
+        self._finish(outcome, label)
 
     def _fail_one(self, store: Any, outcome: Outcome) -> None:
         assert outcome.failure is not None

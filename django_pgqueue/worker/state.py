@@ -16,13 +16,14 @@ from django_pgqueue.states import WorkerStatus
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ClaimedJob
 from django_pgqueue.worker.connection import ConnectionSlot
-from django_pgqueue.worker.execution import InFlight, JobRunner, Outcome, TaskResolver
+from django_pgqueue.worker.execution import InFlight, JobRunner, Outcome
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.housekeeping import Housekeeper
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.options import WorkerOptions
 from django_pgqueue.worker.pacing import AdaptivePrefetch
 from django_pgqueue.worker.pools import AsyncRunner, ThreadPool
+from django_pgqueue.worker.resolver import TaskResolver
 from django_pgqueue.worker.scheduler import Scheduler
 from django_pgqueue.worker.tally import OutcomeTally
 

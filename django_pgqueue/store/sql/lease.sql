@@ -812,6 +812,110 @@ SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notif
 FROM released
 
 
+-- name: snooze_if_leased
+-- The handler asked to run again after delay_seconds without using up an attempt (it
+-- raised or returned Snooze): like release_if_leased, and the job's snoozes count grows
+-- and its history gains a "snoozed" entry (the worker that ran it, when, for how long).
+-- A job that has already snoozed max_snoozes times is dead-lettered instead
+-- (SnoozeLimitReached: the attempt counts), so it cannot snooze forever; a job whose
+-- cancel was requested while it ran ends cancelled. A snoozed job keeps its partition's
+-- turn (it is still the oldest not finished) and frees its concurrency slot while it
+-- waits. Every CASE reads the row itself (see fail_if_leased).
+WITH snoozed AS (
+    UPDATE django_pgqueue_job AS job
+    SET status = CASE
+            WHEN job.cancel_requested_at IS NOT NULL THEN 'cancelled'
+            WHEN job.snoozes >= %(max_snoozes)s THEN 'dead_letter'
+            ELSE 'pending'
+        END,
+        attempts = CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes < %(max_snoozes)s
+                THEN job.attempts - 1
+            ELSE job.attempts
+        END,
+        snoozes = CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes < %(max_snoozes)s
+                THEN job.snoozes + 1
+            ELSE job.snoozes
+        END,
+        -- Bumped when it goes back to pending (a late write of this attempt is fenced
+        -- off); a job it ends keeps the lease it ended under, as fail_if_leased does.
+        lease_generation = CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes < %(max_snoozes)s
+                THEN job.lease_generation + 1
+            ELSE job.lease_generation
+        END,
+        claimed_by = CASE
+            WHEN job.cancel_requested_at IS NOT NULL OR job.snoozes >= %(max_snoozes)s
+                THEN job.claimed_by
+        END,
+        lease_expires_at = NULL,
+        unknown_task_since = NULL,
+        finished_at = CASE
+            WHEN job.cancel_requested_at IS NOT NULL OR job.snoozes >= %(max_snoozes)s
+                THEN now()
+        END,
+        coalesce_key = CASE
+            WHEN job.cancel_requested_at IS NOT NULL OR job.snoozes >= %(max_snoozes)s
+                THEN job.coalesce_key
+        END,
+        available_at = CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes < %(max_snoozes)s
+                THEN now() + make_interval(secs => %(delay_seconds)s)
+            ELSE job.available_at
+        END,
+        last_error = CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes >= %(max_snoozes)s
+                THEN format('asked to snooze again after %%s snoozes (max_snoozes=%%s)',
+                    job.snoozes, %(max_snoozes)s)
+            ELSE job.last_error
+        END,
+        last_error_class = CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes >= %(max_snoozes)s
+                THEN %(limit_class)s::text
+            ELSE job.last_error_class
+        END,
+        errors = job.errors || CASE
+            WHEN job.cancel_requested_at IS NULL AND job.snoozes >= %(max_snoozes)s
+            THEN jsonb_build_array(jsonb_build_object(
+                'attempt', job.attempts,
+                'exception_class', %(limit_class)s::text,
+                'message', format('asked to snooze again after %%s snoozes (max_snoozes=%%s)',
+                    job.snoozes, %(max_snoozes)s),
+                'traceback', '',
+                'worker', %(worker_id)s::text,
+                'at', now()
+            ))
+            ELSE jsonb_build_array(jsonb_build_object(
+                'attempt', job.attempts,
+                'snoozed', %(delay_seconds)s::double precision,
+                'worker', %(worker_id)s::text,
+                'at', now()
+            ))
+        END
+    WHERE job.id = %(job_id)s
+      AND job.lease_generation = %(lease_generation)s
+      AND job.claimed_by = %(worker_id)s::text
+      AND job.status = 'processing'
+    RETURNING job.id, job.queue, job.status, job.available_at, job.snoozes,
+        job.partition_key, job.concurrency_key
+),
+woken AS (
+    SELECT pg_notify(%(channel)s, snoozed.queue)
+    FROM snoozed
+    WHERE snoozed.status = 'pending' AND snoozed.available_at <= now()
+)
+SELECT snoozed.id, snoozed.status, snoozed.available_at, snoozed.snoozes,
+    (SELECT count(*) FROM woken) AS notified,
+    CASE WHEN snoozed.partition_key IS NOT NULL THEN
+        django_pgqueue_refresh_partitions(ARRAY[snoozed.partition_key])
+    END AS partitions,
+    CASE WHEN snoozed.concurrency_key IS NOT NULL THEN
+        django_pgqueue_refresh_concurrency(ARRAY[snoozed.concurrency_key], %(flow_channel)s)
+    END AS keys
+FROM snoozed
+
+
 -- name: release_many_if_leased
 -- Give many leased jobs back at once (worker shutdown, adaptive prefetch), each fenced by
 -- its generation. A job whose cancel was requested ends cancelled instead (its

@@ -12,9 +12,9 @@
 
 
 -- name: retry_jobs
--- Revive dead-lettered or cancelled jobs, attempts reset, ready now: pending, or blocked
--- if some job it runs after (after=) has not finished yet (it runs once they have, as
--- when it was enqueued). A job a failed blocker would cancel again (policy "cancel")
+-- Revive dead-lettered or cancelled jobs, attempts and snoozes reset, ready now: pending,
+-- or blocked if some job it runs after (after=) has not finished yet (it runs once they
+-- have, as when it was enqueued). A job a failed blocker would cancel again (policy "cancel")
 -- is left alone: retry that blocker (with revive_dependents) instead. Its blockers are
 -- locked (id order, after the retried rows) before their statuses are read, so one
 -- finishing meanwhile either committed first (and is read finished) or waits for this
@@ -97,6 +97,7 @@ retried AS (
     UPDATE django_pgqueue_job AS job
     SET status = CASE WHEN decided.waits THEN 'blocked' ELSE 'pending' END,
         attempts = 0,
+        snoozes = 0,
         available_at = now(),
         finished_at = NULL,
         claimed_by = NULL,

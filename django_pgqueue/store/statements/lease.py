@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from django_pgqueue.conf import conf
-from django_pgqueue.exceptions import InvalidOption
+from django_pgqueue.exceptions import InvalidOption, SnoozeLimitReached
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.payload import check_text
@@ -30,7 +30,10 @@ from django_pgqueue.store.values import (
     Failure,
     Lease,
     LeaseExtension,
+    Snoozed,
 )
+
+_SNOOZE_LIMIT_CLASS = f"{SnoozeLimitReached.__module__}.{SnoozeLimitReached.__qualname__}"
 
 
 class LeaseStatements(StoreBase):
@@ -381,6 +384,24 @@ class LeaseStatements(StoreBase):
             flow_channel=flow_channel(),
         )[1]
         return available_at
+
+    def snooze_if_leased(self, lease: Lease, *, delay_seconds: float, max_snoozes: int) -> Snoozed:
+        """Put the job back for ``delay_seconds`` without using up an attempt (a snooze).
+
+        A job that has snoozed ``max_snoozes`` times already is dead-lettered with
+        :class:`SnoozeLimitReached` instead; one whose cancel was requested ends
+        cancelled. Raises :class:`LeaseLost` (changing nothing) if the lease is gone.
+        """
+        row = self._run_fenced(
+            "snooze_if_leased",
+            lease,
+            delay_seconds=delay_seconds,
+            max_snoozes=max_snoozes,
+            limit_class=_SNOOZE_LIMIT_CLASS,
+            channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
+        )
+        return Snoozed(row[0], JobStatus(row[1]), row[2], row[3])
 
     def release_many_if_leased(
         self, worker_id: str, leases: Sequence[Lease], *, reason: str | None = None

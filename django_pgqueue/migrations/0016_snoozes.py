@@ -1,0 +1,49 @@
+"""Snooze: ``job.snoozes`` counts the times a handler asked to run again later.
+
+An integer column with a constant default: PostgreSQL 11+ stores the default in the
+catalog (no table rewrite, no index), holding the ACCESS EXCLUSIVE lock for an instant.
+Workers of the previous release never snooze and ignore the column; their producers'
+rows get the default. The comment on ``errors`` changes with plain ``COMMENT ON``:
+Django's AlterField would also run ``ALTER COLUMN ... TYPE jsonb``, which takes the
+table's ACCESS EXCLUSIVE lock for a no-op.
+"""
+
+from django.db import migrations, models
+
+ERRORS_COMMENT = (
+    "One object per failed attempt (class, message, traceback, worker, at) "
+    "or snoozed one (snoozed: seconds, worker, at)."
+)
+OLD_ERRORS_COMMENT = "One object per failed attempt: class, message, traceback, worker, at."
+
+
+class Migration(migrations.Migration):
+    dependencies = [("django_pgqueue", "0015_composition")]
+
+    operations = [
+        migrations.AddField(
+            model_name="job",
+            name="snoozes",
+            field=models.IntegerField(
+                db_comment="Times the job's handler asked to run again later (Snooze) without "
+                "using an attempt; capped by the task's max_snoozes.",
+                db_default=0,
+                verbose_name="snoozes",
+            ),
+        ),
+        migrations.RunSQL(
+            sql=[("COMMENT ON COLUMN django_pgqueue_job.errors IS %s", [ERRORS_COMMENT])],
+            reverse_sql=[
+                ("COMMENT ON COLUMN django_pgqueue_job.errors IS %s", [OLD_ERRORS_COMMENT])
+            ],
+            state_operations=[
+                migrations.AlterField(
+                    model_name="job",
+                    name="errors",
+                    field=models.JSONField(
+                        db_comment=ERRORS_COMMENT, default=list, verbose_name="error history"
+                    ),
+                ),
+            ],
+        ),
+    ]
