@@ -22,6 +22,7 @@ from django_pgqueue.features.periodic import declared_schedules, schedule_backen
 from django_pgqueue.store.schema import index_problems
 from django_pgqueue.store.tables import missing_tables
 from django_pgqueue.tasks.backend import PgQueueBackend, resolve_task
+from django_pgqueue.tasks.middleware import middleware_problems
 
 __all__ = ["CHECK_IDS", "MINIMUM_POSTGRESQL", "SETTING_CHECK_IDS"]
 
@@ -39,6 +40,7 @@ CHECK_IDS = {
     "django_pgqueue.E006": "A backend's OPTIONS['DATABASE'] is not a key of DATABASES.",
     "django_pgqueue.E007": "The queue's tables are missing from a backend's database: "
     "migrate was not run there (checked with --database).",
+    "django_pgqueue.E129": "An entry of PGQUEUE_MIDDLEWARE cannot be imported or is not callable.",
     "django_pgqueue.E201": "A periodic schedule's expression is not valid cron, a nickname "
     "or an @every interval.",
     "django_pgqueue.E202": "A periodic schedule names an unknown timezone.",
@@ -88,6 +90,7 @@ SETTING_CHECK_IDS = {
     "PREFETCH_WINDOW_SECONDS": "django_pgqueue.E125",
     "LOG_SUMMARY_SECONDS": "django_pgqueue.E126",
     "MAX_SNOOZES": "django_pgqueue.E127",
+    "MIDDLEWARE": "django_pgqueue.E128",
 }
 
 
@@ -107,6 +110,18 @@ def _queue_backends() -> list[Any]:
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
     """Report invalid ``PGQUEUE_*`` settings (E101-E125)."""
     return [checks.Error(message, id=SETTING_CHECK_IDS[name]) for name, message in conf.problems()]
+
+
+@checks.register()
+def check_middleware(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
+    """Report ``PGQUEUE_MIDDLEWARE`` entries that cannot be imported or are not callable (E129)."""
+    try:
+        paths = conf.MIDDLEWARE
+    except ConfigurationError:
+        return []  # E128 says it
+    return [
+        checks.Error(message, id="django_pgqueue.E129") for message in middleware_problems(paths)
+    ]
 
 
 @checks.register()

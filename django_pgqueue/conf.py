@@ -108,6 +108,12 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         None,
         "Bearer token a scraper sends to the metrics view (None: staff users only).",
     ),
+    SettingSpec(
+        "MIDDLEWARE",
+        [],
+        "Dotted paths of middleware around every attempt (in workers) and every enqueue, "
+        "outermost first, in the shape of Django's MIDDLEWARE.",
+    ),
 )
 
 
@@ -326,6 +332,18 @@ class Settings:
                 "without surrounding spaces"
             )
         return value
+
+    @property
+    def MIDDLEWARE(self) -> list[str]:  # noqa: N802
+        """Dotted paths of the middleware around attempts and enqueues, outermost first."""
+        value = self._raw("MIDDLEWARE")
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(path, str) and path for path in value
+        ):
+            raise ConfigurationError(
+                f"PGQUEUE_MIDDLEWARE must be a list of dotted paths, not {value!r}"
+            )
+        return list(value)
 
     def problems(self) -> list[tuple[str, str]]:
         """Return ``(setting, message)`` for every invalid setting (used by the checks)."""

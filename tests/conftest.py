@@ -59,6 +59,7 @@ DJANGO_SURFACE = frozenset(
         "test_enqueue.py",
         "test_idempotency.py",
         "test_metrics_view.py",
+        "test_middleware.py",
         "test_migrations.py",
         "test_not_migrated.py",
         "test_not_postgresql.py",

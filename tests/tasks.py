@@ -721,3 +721,22 @@ def ledger_bad_snooze(context: Any) -> None:
     from django_pgqueue import Snooze
 
     raise Snooze(-5)
+
+
+# ---------------------------------------------------------------- middleware
+@task
+def tenant_probe(**kwargs: Any) -> dict[str, Any]:
+    """Return the tenant tests.middleware.Tenant set, and the kwargs the task got."""
+    from tests.middleware import EVENTS, TENANT
+
+    EVENTS.append("task")
+    return {"tenant": TENANT.get(), "kwargs": kwargs}
+
+
+@task
+async def async_tenant_probe(**kwargs: Any) -> dict[str, Any]:
+    """The async twin of tenant_probe."""
+    from tests.middleware import EVENTS, TENANT
+
+    EVENTS.append("async task")
+    return {"tenant": TENANT.get(), "kwargs": kwargs}

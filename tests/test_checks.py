@@ -94,6 +94,7 @@ def test_e006_database_alias_not_configured():
 BAD_VALUES = {
     "MAX_ATTEMPTS": 0,
     "MAX_SNOOZES": -1,
+    "MIDDLEWARE": "myapp.Middleware",
     "MAX_PAYLOAD_BYTES": "big",
     "RETRY_BASE_SECONDS": -1,
     "RETRY_MAX_SECONDS": float("nan"),

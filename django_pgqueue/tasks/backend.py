@@ -14,9 +14,7 @@ Configure it in ``TASKS``::
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
-import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -51,19 +49,14 @@ from django_pgqueue.exceptions import (
     UnknownTask,
 )
 from django_pgqueue.limits import (
-    KEY_MAX_LENGTH,
-    MAX_ATTEMPTS_LIMIT,
-    MAX_SNOOZES_LIMIT,
     QUEUE_MAX_LENGTH,
 )
 from django_pgqueue.states import BlockerFailure, JobStatus
-from django_pgqueue.store.coalescing import check_coalescing
-from django_pgqueue.store.flow_limits import check_limit, parse_rate
-from django_pgqueue.store.intake import blocker_ids
-from django_pgqueue.store.payload import check_key
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.tables import is_undefined_table
 from django_pgqueue.store.values import Enqueued, JobSnapshot, JobSpec
+from django_pgqueue.tasks.middleware import Enqueue, MiddlewareError, enqueue_chain
+from django_pgqueue.tasks.options import validate_options
 from django_pgqueue.tasks.results import build_result
 
 __all__ = ["PgQueueBackend", "PgQueueTask", "configured_queues", "resolve_task"]
@@ -213,16 +206,24 @@ class PgQueueBackend(BaseTaskBackend):
         if task.run_after is not None and settings.USE_TZ and timezone.is_naive(task.run_after):
             raise InvalidOption("run_after", "must be an aware datetime (USE_TZ is True)")
         if isinstance(task, PgQueueTask):
-            _validate_options(task)
+            validate_options(task)
         super().validate_task(task)
 
     # ------------------------------------------------------------------ enqueue
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
         """Insert the job in the current transaction of the backend's database.
 
-        Raises :class:`NotMigrated` if the database has no queue tables and
+        Runs through ``PGQUEUE_MIDDLEWARE`` first, if any is listed. Raises
+        :class:`NotMigrated` if the database has no queue tables and
         :class:`AppNotInstalled` if ``django_pgqueue`` is not in ``INSTALLED_APPS``.
         """
+        chain = enqueue_chain(_enqueue_through)
+        if chain is None:
+            return self._enqueue_one(task, args, kwargs)
+        results = chain(Enqueue(task=task, backend=self.alias, calls=[(args, dict(kwargs))]))
+        return _one_result(results)
+
+    def _enqueue_one(self, task: Task, args: Any, kwargs: Any) -> TaskResult:  # type: ignore[type-arg]
         self.validate_task(task)
         spec = self._spec(task, args, kwargs)
         with self._schema_errors():
@@ -265,7 +266,21 @@ class PgQueueBackend(BaseTaskBackend):
         task: Task,  # type: ignore[type-arg]
         calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
     ) -> list[TaskResult]:  # type: ignore[type-arg]
-        """Insert one job per ``(args, kwargs)`` with a single statement."""
+        """Insert one job per ``(args, kwargs)`` with a single statement (after the middleware)."""
+        chain = enqueue_chain(_enqueue_through)
+        if chain is None:
+            return self._enqueue_calls(task, calls)
+        listed = [(args, dict(kwargs)) for args, kwargs in calls]
+        results = chain(Enqueue(task=task, backend=self.alias, calls=listed))
+        if not isinstance(results, list) or len(results) != len(listed):
+            raise MiddlewareError("the chain", f"returned {results!r}, not one result per call")
+        return results
+
+    def _enqueue_calls(
+        self,
+        task: Task,  # type: ignore[type-arg]
+        calls: Iterable[tuple[Sequence[Any], Mapping[str, Any]]],
+    ) -> list[TaskResult]:  # type: ignore[type-arg]
         self.validate_task(task)
         template = self._spec(task, (), {})
         with self._schema_errors():
@@ -476,63 +491,6 @@ def _decoded(payload: str) -> Any:
     return json.loads(payload)
 
 
-def _validate_options(task: PgQueueTask) -> None:
-    if task.max_attempts is not None and (
-        isinstance(task.max_attempts, bool)
-        or not isinstance(task.max_attempts, int)
-        or not 1 <= task.max_attempts <= MAX_ATTEMPTS_LIMIT
-    ):
-        raise InvalidOption(
-            "max_attempts",
-            f"{task.max_attempts!r} is not a whole number in 1..{MAX_ATTEMPTS_LIMIT}",
-        )
-    if task.timeout is not None and (
-        isinstance(task.timeout, bool)
-        or not isinstance(task.timeout, int | float)
-        or not math.isfinite(task.timeout)
-        or task.timeout <= 0
-    ):
-        raise InvalidOption("timeout", f"{task.timeout!r} is not a positive number of seconds")
-    if task.max_snoozes is not None and (
-        isinstance(task.max_snoozes, bool)
-        or not isinstance(task.max_snoozes, int)
-        or not 0 <= task.max_snoozes <= MAX_SNOOZES_LIMIT
-    ):
-        raise InvalidOption(
-            "max_snoozes",
-            f"{task.max_snoozes!r} is not a whole number in 0..{MAX_SNOOZES_LIMIT}",
-        )
-    if not isinstance(task.atomic, bool):
-        raise InvalidOption("atomic", f"must be True or False, not {task.atomic!r}")
-    if task.atomic and inspect.iscoroutinefunction(task.func):
-        # Django's transaction.atomic() cannot span an await.
-        raise InvalidOption("atomic", "async tasks cannot be atomic")
-    check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
-    check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
-    check_coalescing(task.coalesce_key, task.debounce, task.idempotency_key)
-    blocker_ids(task.after)
-    if task.on_blocker_failure not in BlockerFailure.values:
-        raise InvalidOption(
-            "on_blocker_failure",
-            f"must be one of {', '.join(BlockerFailure.values)}, not {task.on_blocker_failure!r}",
-        )
-    check_key("concurrency_key", task.concurrency_key, max_length=KEY_MAX_LENGTH)
-    if task.concurrency_limit is not None:
-        check_limit("concurrency_limit", task.concurrency_limit)
-    if task.rate_limit is not None:
-        parse_rate("rate_limit", task.rate_limit)
-    if task.partition_key is not None and (
-        task.concurrency_key is not None
-        or task.concurrency_limit is not None
-        or task.rate_limit is not None
-    ):
-        raise InvalidOption(
-            "concurrency_key",
-            "a task has a partition key (one in flight, in order) or a concurrency limit "
-            "(N in flight, any order), not both",
-        )
-
-
 def _check_queues(alias: str, queues: set[str]) -> list[checks.CheckMessage]:
     problems = [
         queue
@@ -573,3 +531,20 @@ def configured_queues() -> set[str]:
         if isinstance(backend, PgQueueBackend):
             queues.update(backend.queues)
     return queues
+
+
+def _enqueue_through(call: Enqueue) -> list[TaskResult]:  # type: ignore[type-arg]
+    """The innermost step of PGQUEUE_MIDDLEWARE around an enqueue: write the calls."""
+    backend = task_backends[call.backend]
+    assert isinstance(backend, PgQueueBackend)
+    if len(call.calls) == 1:
+        args, kwargs = call.calls[0]
+        return [backend._enqueue_one(call.task, args, kwargs)]
+    return backend._enqueue_calls(call.task, call.calls)
+
+
+def _one_result(results: Any) -> TaskResult:  # type: ignore[type-arg]
+    if not isinstance(results, list) or len(results) != 1:
+        raise MiddlewareError("the chain", f"returned {results!r}, not the enqueue's one result")
+    result: TaskResult = results[0]  # type: ignore[type-arg]
+    return result

@@ -30,11 +30,8 @@ from django_pgqueue.compat import (
     task_started,
 )
 from django_pgqueue.exceptions import (
-    InvalidArguments,
-    JobCancelled,
     JobTimeout,
     LeaseLost,
-    PermanentError,
     Snooze,
 )
 from django_pgqueue.features.periodic import parse_fire_key
@@ -45,7 +42,9 @@ from django_pgqueue.store.tracing import attempt_span, record_exception, recordi
 from django_pgqueue.store.values import ClaimedJob, Failure
 from django_pgqueue.tasks.backend import PgQueueBackend
 from django_pgqueue.tasks.context import JobContext
+from django_pgqueue.tasks.middleware import Attempt, attempt_chain
 from django_pgqueue.tasks.results import build_result, unshared
+from django_pgqueue.worker.failures import ARGUMENTS_MISMATCH, cancelled_failure, failure_from
 from django_pgqueue.worker.resolver import TaskEntry
 
 __all__ = [
@@ -53,16 +52,9 @@ __all__ = [
     "JobRunner",
     "Outcome",
     "OutcomeKind",
-    "cancelled_failure",
 ]
 
 logger = logging.getLogger("django_pgqueue.worker")
-
-_MAX_MESSAGE = 10_000
-_MAX_TRACEBACK = 50_000
-# Set on a TypeError raised because a job's arguments do not bind to its task: the error
-# is recorded as it is, but retrying it cannot help.
-_ARGUMENTS_MISMATCH = "_pgqueue_arguments_mismatch"
 
 
 #: Guards the one moment an attempt either starts or is withdrawn (see InFlight.begin):
@@ -206,38 +198,6 @@ def _span_outcome(flight: InFlight, outcome: Outcome) -> str:
     return "abandoned" if flight.abandoned else _SPAN_OUTCOMES[outcome.kind]
 
 
-def cancelled_failure(what: str) -> Failure:
-    """Describe an attempt stopped by an operator's cancel, for the job's history."""
-    return Failure(
-        exception_class=f"{JobCancelled.__module__}.{JobCancelled.__qualname__}",
-        message=f"cancelled by an operator while it ran; {what}",
-        permanent=True,
-    )
-
-
-def failure_from(error: BaseException, *, permanent: bool = False) -> Failure:
-    """Describe ``error`` for the job's history, as it was raised.
-
-    Never raises: an exception whose ``__str__`` fails is recorded with its own class
-    and a placeholder message. Permanent (no retry): ``permanent``, a
-    :class:`PermanentError`, or arguments that do not bind (see ``JobRunner._explain``).
-    """
-    kind = type(error)
-    message = _message_of(error)
-    try:
-        text = "".join(traceback.format_exception(error))
-    except Exception:  # a broken exception must not hide the failure
-        text = f"{kind.__module__}.{kind.__qualname__}: {message}"
-    return Failure(
-        exception_class=f"{kind.__module__}.{kind.__qualname__}",
-        message=message[:_MAX_MESSAGE],
-        traceback=text[-_MAX_TRACEBACK:],
-        permanent=permanent
-        or isinstance(error, PermanentError | InvalidArguments)
-        or getattr(error, _ARGUMENTS_MISMATCH, False),
-    )
-
-
 class JobRunner:
     """Runs jobs in the calling thread (sync tasks) or on an event loop (async tasks)."""
 
@@ -253,6 +213,9 @@ class JobRunner:
         self.database = database
         self.worker_id = worker_id
         self._record_step = record_step
+        # Built now, so a bad PGQUEUE_MIDDLEWARE stops the worker at start (MiddlewareError).
+        self._chain = attempt_chain(is_async=False)
+        self._achain = attempt_chain(is_async=True)
 
     # ------------------------------------------------------------------ shared parts
     def _task_result(self, flight: InFlight) -> TaskResult:  # type: ignore[type-arg]
@@ -302,6 +265,24 @@ class JobRunner:
         )
         return [context, *job.args]
 
+    def _attempt(self, flight: InFlight, args: list[Any]) -> Attempt:
+        """Describe the attempt for PGQUEUE_MIDDLEWARE (``args`` as the task gets them)."""
+        entry = flight.entry
+        assert entry is not None
+        job = flight.job
+        return Attempt(
+            job_id=job.id,
+            task=entry.task,
+            task_path=job.task_path,
+            queue=job.queue,
+            attempt=job.attempts,
+            worker_id=self.worker_id,
+            args=args[1:] if entry.takes_context else args,
+            kwargs=job.kwargs,
+            context=args[0] if entry.takes_context else None,
+            is_async=entry.is_async,
+        )
+
     @staticmethod
     def _explain(error: BaseException, flight: InFlight, args: list[Any]) -> BaseException:
         """Mark a TypeError from arguments that do not bind as permanent (no retry).
@@ -317,7 +298,7 @@ class JobRunner:
         try:
             entry.signature.bind(*args, **flight.job.kwargs)
         except TypeError:
-            setattr(error, _ARGUMENTS_MISMATCH, True)
+            setattr(error, ARGUMENTS_MISMATCH, True)
             error.add_note(
                 f"django-pgqueue: the job's arguments do not match "
                 f"{flight.job.task_path}{entry.signature}; it will not be retried"
@@ -442,7 +423,10 @@ class JobRunner:
         )
         try:
             task_started.send(PgQueueBackend, task_result=task_result)
-            value = entry.func(*args, **job.kwargs)
+            if self._chain is None:
+                value = entry.func(*args, **job.kwargs)
+            else:
+                value = self._chain(self._attempt(flight, args))
         except Snooze as snooze:
             return self._snoozed(flight, task_result, snooze, started)
         except BaseException as raised:  # SystemExit and KeyboardInterrupt are failures too
@@ -470,7 +454,10 @@ class JobRunner:
         try:
             with transaction.atomic(using=self.database):
                 task_started.send(PgQueueBackend, task_result=task_result)
-                value = entry.func(*args, **job.kwargs)
+                if self._chain is None:
+                    value = entry.func(*args, **job.kwargs)
+                else:
+                    value = self._chain(self._attempt(flight, args))
                 if isinstance(value, Snooze):
                     # Returned or raised, a snooze rolls the handler's writes back: the
                     # job runs again, and its writes must not be there twice.
@@ -525,7 +512,10 @@ class JobRunner:
         args = self._call_arguments(flight, task_result, record_step)
         try:
             task_started.send(PgQueueBackend, task_result=task_result)
-            coroutine = entry.func(*args, **job.kwargs)
+            if self._achain is None:
+                coroutine = entry.func(*args, **job.kwargs)
+            else:
+                coroutine = self._achain(self._attempt(flight, args))
             if entry.timeout is not None:
                 flight.deadline = started + entry.timeout
                 try:
@@ -549,13 +539,6 @@ class JobRunner:
             return self._snoozed(flight, task_result, value, started)
         stored = _stored(job, value)
         return self._succeeded(flight, task_result, stored.value, stored.json, started)
-
-
-def _message_of(error: BaseException) -> str:
-    try:
-        return str(error) or repr(error)
-    except Exception as broken:  # recorded in the placeholder
-        return f"<str() of the exception failed: {type(broken).__name__}>"
 
 
 def _stored(job: ClaimedJob, value: Any) -> StoredResult:

@@ -11,13 +11,8 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from django_pgqueue.worker.execution import (
-    InFlight,
-    Outcome,
-    OutcomeKind,
-    cancelled_failure,
-    failure_from,
-)
+from django_pgqueue.worker.execution import InFlight, Outcome, OutcomeKind
+from django_pgqueue.worker.failures import cancelled_failure, failure_from
 from django_pgqueue.worker.logfields import job_extra
 
 __all__ = ["AsyncRunner", "ThreadPool"]
