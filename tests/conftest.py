@@ -143,6 +143,7 @@ SERVER_SIDE = frozenset(
         "test_schedule_sync_wait.py",
         "test_schedule_workers.py",
         "test_snooze.py",
+        "test_sql_enqueue.py",
         "test_soak.py",
         "test_soak_faults.py",
         "test_sql_files.py",

@@ -61,6 +61,8 @@ DEFERRED_ALLOWED = {
     (NAME, f"{NAME}.features.pausing"),
     # Django's documented place to register system checks: AppConfig.ready().
     (f"{NAME}.apps", f"{NAME}.checks"),
+    # ... and to connect signals: the post_migrate refresh of the SQL enqueue settings.
+    (f"{NAME}.apps", f"{NAME}.tasks.sqlsync"),
     # prometheus_client is an optional extra: loaded only for --metrics-port.
     (f"{NAME}.management.commands.runqueueworker", f"{NAME}.metrics.multiproc"),
     (f"{NAME}.management.commands.runqueueworker", f"{NAME}.metrics.worker"),

@@ -53,6 +53,7 @@ def test_the_tables_come_from_the_app_models():
         "django_pgqueue_queue_pause",
         "django_pgqueue_queuestat",
         "django_pgqueue_schedule",
+        "django_pgqueue_sql_settings",
         "django_pgqueue_worker",
     ]
 

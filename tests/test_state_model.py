@@ -4,7 +4,8 @@ Random sequences of store operations run against the real store on a real Postgr
 beside a plain Python model (``tests/queue_model.py``) of what each must do:
 
 - enqueue with any mix of partition key, concurrency key and limit, rate limit, coalesce
-  key and ``after=``, one at a time or in batches; priorities and delays;
+  key and ``after=``, one at a time or in batches, or from SQL (django_pgqueue_enqueue);
+  priorities and delays;
 - claims by several workers (full rounds, plain rounds, and two workers at once on two
   connections), and what a worker does with a lease: complete (alone or batched), fail
   (permanently or not), time out (the handler keeps running past its deadline), extend,
@@ -299,6 +300,30 @@ class QueueMachine(RuleBasedStateMachine):
         job = self.add_job(outcome.id, queue, priority, max_attempts, **flow)
         job.ready_at = self.now + delay
         return job.id
+
+    @rule(
+        target=jobs,
+        queue=st.sampled_from(QUEUES),
+        partition=st.sampled_from((None, None, "p1", "p2")),
+        priority=st.sampled_from((-5, 0, 5)),
+        delay=st.sampled_from((0, 0, 100)),
+        max_attempts=st.integers(1, 3),
+    )
+    def enqueue_sql(
+        self, queue: str, partition: str | None, priority: int, delay: int, max_attempts: int
+    ) -> int:
+        """A trigger or another service enqueues with django_pgqueue_enqueue()."""
+        run_after = self.conn.execute("SELECT now()").fetchone()[0] + dt.timedelta(seconds=delay)
+        (job_id,) = self.conn.execute(
+            "SELECT django_pgqueue_enqueue('tests.tasks.noop', queue => %s, priority => %s, "
+            "run_after => %s, max_attempts => %s, partition_key => %s)",
+            [queue, priority, run_after, max_attempts, partition],
+        ).fetchone()
+        flow = {} if partition is None else {"partition_key": partition}
+        job = self.add_job(job_id, queue, priority, max_attempts, **flow)
+        job.ready_at = self.now + delay
+        self.checked["enqueued from SQL"] += 1
+        return int(job_id)
 
     @rule(
         target=jobs,
@@ -840,5 +865,6 @@ def test_every_feature_and_operator_action_together_matches_the_model(store, mak
         "overdue handler kept its lease",
         "snoozed",
         "snooze over its cap dead-lettered",
+        "enqueued from SQL",
     ):
         assert checked[what], f"never exercised: {what}"

@@ -16,6 +16,7 @@ from django_pgqueue.models.flow import (  # isort: skip
 from django_pgqueue.models.workers import QueueStat, Worker  # isort: skip
 from django_pgqueue.models.schedules import Schedule  # isort: skip
 from django_pgqueue.models.pauses import QueuePause  # isort: skip
+from django_pgqueue.models.sqlapi import SqlSettings  # isort: skip
 
 # isort: split
 from django_pgqueue.models.base import BrinIndex
@@ -35,5 +36,6 @@ __all__ = [
     "QueuePause",
     "QueueStat",
     "Schedule",
+    "SqlSettings",
     "Worker",
 ]

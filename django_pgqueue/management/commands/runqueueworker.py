@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from argparse import ArgumentParser
 from typing import Any
@@ -14,9 +15,12 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from django_pgqueue.exceptions import ConfigurationError, NotMigrated
 from django_pgqueue.store.tables import missing_tables
+from django_pgqueue.tasks.sqlsync import sync_sql_settings
 from django_pgqueue.worker import Worker, WorkerOptions, quiet_django_task_logs
 from django_pgqueue.worker.reloader import run_with_reloader
 from django_pgqueue.worker.supervisor import Supervisor
+
+logger = logging.getLogger("django_pgqueue.worker")
 
 _LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -133,6 +137,7 @@ class Command(BaseCommand):
         except ConfigurationError as error:
             raise CommandError(str(error), returncode=2) from error
         self._require_tables(worker_options.database)
+        self._sync_sql_settings(worker_options.database)
 
         def run_checks() -> None:
             if not options["skip_checks"]:
@@ -193,6 +198,16 @@ class Command(BaseCommand):
             connections[database].close()
         if missing:
             raise CommandError(str(NotMigrated(database, missing)), returncode=2)
+
+    def _sync_sql_settings(self, database: str) -> None:
+        """Write the settings django_pgqueue_enqueue() applies, as this release has them."""
+        try:
+            sync_sql_settings(database, synced_by=f"runqueueworker pid {os.getpid()}")
+        except DatabaseError as error:
+            # Unreachable or not migrated to 0017 yet: SQL enqueues keep the last row.
+            logger.warning("could not write the SQL enqueue settings: %s", error)
+        finally:
+            connections[database].close()
 
     def _check_database(self, alias: str) -> None:
         """Run the checks that need the database (E002, E007, W002)."""

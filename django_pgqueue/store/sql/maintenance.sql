@@ -360,3 +360,28 @@ WHERE conc.concurrency_key IN (
   AND conc.head_id IS NULL
   AND conc.in_flight = 0
 RETURNING conc.concurrency_key
+
+
+-- name: sync_sql_settings
+-- Write what django_pgqueue_enqueue() applies (migration 0017): the settings row, one
+-- per database, by migrate and by each worker at start. Last writer wins (during a
+-- rolling deploy, the settings of the release that started a worker last).
+INSERT INTO django_pgqueue_sql_settings AS current (
+    id, queues, max_attempts, max_payload_bytes, notify_channel, flow_channel,
+    concurrency_limits, rate_limits, synced_at, synced_by
+)
+VALUES (
+    1, %(queues)s::jsonb, %(max_attempts)s, %(max_payload_bytes)s, %(notify_channel)s,
+    %(flow_channel)s, %(concurrency_limits)s::jsonb, %(rate_limits)s::jsonb, now(),
+    %(synced_by)s
+)
+ON CONFLICT (id) DO UPDATE
+SET queues = EXCLUDED.queues,
+    max_attempts = EXCLUDED.max_attempts,
+    max_payload_bytes = EXCLUDED.max_payload_bytes,
+    notify_channel = EXCLUDED.notify_channel,
+    flow_channel = EXCLUDED.flow_channel,
+    concurrency_limits = EXCLUDED.concurrency_limits,
+    rate_limits = EXCLUDED.rate_limits,
+    synced_at = EXCLUDED.synced_at,
+    synced_by = EXCLUDED.synced_by

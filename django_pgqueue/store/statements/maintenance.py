@@ -1,7 +1,7 @@
 """Housekeeping.
 
 ``maintenance.sql``: the reaper, pruning, partition repair, the worker registry and queue
-statistics.
+statistics, and the settings row the SQL enqueue function reads.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from django_pgqueue.conf import conf
+from django_pgqueue.limits import Rate
 from django_pgqueue.states import JobStatus
-from django_pgqueue.store.notices import lease_channel
+from django_pgqueue.store.notices import flow_channel, lease_channel
 from django_pgqueue.store.reports import LiveWorker, QueueCounts
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.runners import load_json
@@ -181,3 +183,26 @@ class MaintenanceStatements(StoreBase):
     def prune_queue_stats(self, *, retention_seconds: float) -> int:
         """Delete per-minute statistics older than the retention."""
         return self._run("prune_queue_stats", retention_seconds=retention_seconds).rowcount
+
+    def sync_sql_settings(
+        self,
+        *,
+        queues: Sequence[str] | None,
+        concurrency_limits: dict[str, int],
+        rate_limits: dict[str, Rate],
+        synced_by: str,
+    ) -> None:
+        """Write the settings ``django_pgqueue_enqueue()`` applies (None: any queue)."""
+        self._run(
+            "sync_sql_settings",
+            queues=None if queues is None else json.dumps(sorted(queues)),
+            max_attempts=conf.MAX_ATTEMPTS,
+            max_payload_bytes=conf.MAX_PAYLOAD_BYTES,
+            notify_channel=conf.NOTIFY_CHANNEL,
+            flow_channel=flow_channel(),
+            concurrency_limits=json.dumps(concurrency_limits),
+            rate_limits=json.dumps(
+                {name: [rate.limit, rate.period] for name, rate in rate_limits.items()}
+            ),
+            synced_by=synced_by,
+        )
