@@ -91,6 +91,7 @@ SETTING_CHECK_IDS = {
     "LOG_SUMMARY_SECONDS": "django_pgqueue.E126",
     "MAX_SNOOZES": "django_pgqueue.E127",
     "MIDDLEWARE": "django_pgqueue.E128",
+    "STUCK_HANDLER_GRACE_SECONDS": "django_pgqueue.E130",
 }
 
 

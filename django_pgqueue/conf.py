@@ -109,6 +109,12 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "Bearer token a scraper sends to the metrics view (None: staff users only).",
     ),
     SettingSpec(
+        "STUCK_HANDLER_GRACE_SECONDS",
+        300.0,
+        "How long a handler may keep running after its timeout or an operator's cancel "
+        "before its worker process is replaced (None: never).",
+    ),
+    SettingSpec(
         "MIDDLEWARE",
         [],
         "Dotted paths of middleware around every attempt (in workers) and every enqueue, "
@@ -332,6 +338,11 @@ class Settings:
                 "without surrounding spaces"
             )
         return value
+
+    @property
+    def STUCK_HANDLER_GRACE_SECONDS(self) -> float | None:  # noqa: N802
+        """Seconds a stuck handler is given before its process is replaced (None: never)."""
+        return self._optional_seconds("STUCK_HANDLER_GRACE_SECONDS")
 
     @property
     def MIDDLEWARE(self) -> list[str]:  # noqa: N802

@@ -148,6 +148,7 @@ SERVER_SIDE = frozenset(
         "test_soak_faults.py",
         "test_sql_files.py",
         "test_state_model.py",
+        "test_stuck_handlers.py",
         "test_stop_signals.py",
         "test_timed_out_handlers.py",
         "test_worker_crashes.py",

@@ -740,3 +740,16 @@ async def async_tenant_probe(**kwargs: Any) -> dict[str, Any]:
 
     EVENTS.append("async task")
     return {"tenant": TENANT.get(), "kwargs": kwargs}
+
+
+# ---------------------------------------------------------------- stuck handlers
+@task(takes_context=True, timeout=1.0, max_attempts=2)
+def ledger_stuck(context: Any, seconds: float = 60.0) -> int:
+    """On attempt 1, sleep ``seconds`` ignoring its timeout and any cancel; then return."""
+    import time
+
+    _ledger(context, "start")
+    if context.attempt == 1:
+        time.sleep(seconds)
+    _ledger(context, "end")
+    return int(context.attempt)

@@ -95,6 +95,7 @@ BAD_VALUES = {
     "MAX_ATTEMPTS": 0,
     "MAX_SNOOZES": -1,
     "MIDDLEWARE": "myapp.Middleware",
+    "STUCK_HANDLER_GRACE_SECONDS": -1,
     "MAX_PAYLOAD_BYTES": "big",
     "RETRY_BASE_SECONDS": -1,
     "RETRY_MAX_SECONDS": float("nan"),

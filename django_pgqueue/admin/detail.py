@@ -30,6 +30,8 @@ from django_pgqueue.admin.formatting import (
     relative,
     status_badge,
 )
+from django_pgqueue.admin.worker_detail import StuckHandler, stuck_handlers
+from django_pgqueue.conf import conf
 from django_pgqueue.features.periodic import parse_fire_key
 from django_pgqueue.models import Job, Worker
 from django_pgqueue.states import JobStatus
@@ -127,6 +129,7 @@ def render_job_detail(
         "return_to_field": RETURN_TO,
         "return_to": _return_to(model_admin, request, job),
         "overdue": _overdue(job),
+        "stuck_grace": conf.STUCK_HANDLER_GRACE_SECONDS,
         "scheduled": parse_fire_key(job.idempotency_key),
         **_partition(job),
         **_dependencies(job),
@@ -314,13 +317,21 @@ def _claimed_by(model_admin: ModelAdmin[Any], request: HttpRequest, job: Job) ->
     return {"claimed_by_url": url}
 
 
-def _overdue(job: Job) -> bool:
-    """Return whether the job's worker reports its handler running past its timeout."""
+def _overdue(job: Job) -> StuckHandler | bool:
+    """Return the job's stuck handler as its worker reports it (True: an older worker's).
+
+    A worker of this release reports how long ago it asked the handler to stop; one of
+    the previous release only lists the job as past its timeout.
+    """
     if job.status != JobStatus.PROCESSING or not job.claimed_by:
         return False
     worker = Worker.objects.using(job._state.db).filter(pk=job.claimed_by).first()
-    overdue = (worker.metadata or {}).get("overdue_jobs", []) if worker else []
-    return job.pk in overdue
+    if worker is None:
+        return False
+    for handler in stuck_handlers(worker, timezone.now()):
+        if handler.job_id == job.pk:
+            return handler
+    return job.pk in ((worker.metadata or {}).get("overdue_jobs") or [])
 
 
 #: Jobs listed on each side of a job's dependencies (a fan-in may wait for thousands).

@@ -6,6 +6,8 @@ worker serves, exact times to the second, and its running jobs as links to the i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -82,6 +84,50 @@ def inbox_url(model_admin: ModelAdmin[Any], request: HttpRequest) -> str:
     return reverse(f"admin:{Job._meta.app_label}_job_changelist", current_app=site.name)
 
 
+@dataclass(frozen=True, slots=True)
+class StuckHandler:
+    """A handler its worker reports still running although asked to stop."""
+
+    job_id: int
+    task: str
+    #: Seconds since it was asked to stop, as of now (the report plus the heartbeat's age).
+    seconds: float
+    why: str
+
+    @property
+    def label(self) -> str:
+        """Return "handler still running 40 s past its timeout" (or after its cancel)."""
+        if self.why == "timeout":
+            return gettext("handler still running %(duration)s past its timeout") % {
+                "duration": duration(self.seconds)
+            }
+        return gettext("handler still running %(duration)s after it was cancelled") % {
+            "duration": duration(self.seconds)
+        }
+
+
+def stuck_handlers(worker: Worker, now: datetime) -> list[StuckHandler]:
+    """Return the stuck handlers ``worker`` reported at its last heartbeat, aged to now."""
+    reported = (worker.metadata or {}).get("stuck_handlers") or []
+    since_beat = max(0.0, (now - worker.last_seen_at).total_seconds())
+    found = []
+    for item in reported:
+        if not isinstance(item, dict):
+            continue
+        try:
+            found.append(
+                StuckHandler(
+                    job_id=int(item["job"]),
+                    task=str(item.get("task", "")),
+                    seconds=float(item.get("seconds", 0)) + since_beat,
+                    why=str(item.get("why", "timeout")),
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue  # written by another release: shown in the metadata as it is
+    return found
+
+
 def render_worker_detail(
     model_admin: ModelAdmin[Any], request: HttpRequest, object_id: str
 ) -> HttpResponse:
@@ -110,6 +156,7 @@ def render_worker_detail(
     )
     metadata = dict(worker.metadata or {})
     owned = metadata.pop("owned_buckets", None)
+    stuck = stuck_handlers(worker, now)
     buckets = (
         sorted((str(queue), count) for queue, count in owned.items())
         if isinstance(owned, dict)
@@ -134,6 +181,8 @@ def render_worker_detail(
         "last_seen_relative": relative(worker.last_seen_at, now),
         "timeout": conf.WORKER_TIMEOUT_SECONDS,
         "metadata_json": pretty_json(metadata) if metadata else "",
+        "stuck_handlers": stuck,
+        "stuck_grace": conf.STUCK_HANDLER_GRACE_SECONDS,
         "changelist_url": changelist,
     }
     request.current_app = model_admin.admin_site.name

@@ -62,7 +62,7 @@ class WorkerMetrics:
         self.finished = Counter(
             "pgqueue_worker_jobs_finished",
             "Attempts this worker finished, by outcome (succeeded, failed, dead_lettered, "
-            "released, abandoned, lease_lost, not_recorded).",
+            "released, snoozed, cancelled, abandoned, lease_lost, not_recorded).",
             [*job, "outcome"],
             registry=self.registry,
         )
@@ -97,6 +97,14 @@ class WorkerMetrics:
             "pgqueue_worker_leases_lost",
             "Leases found taken over by another worker (the attempt was abandoned).",
             registry=self.registry,
+        )
+        self.stuck = Gauge(
+            "pgqueue_worker_stuck_handlers",
+            "Handlers still running although asked to stop (past their timeout, or "
+            "cancelled): Python cannot stop their threads; past "
+            "PGQUEUE_STUCK_HANDLER_GRACE_SECONDS the process is replaced.",
+            registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self._running: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
@@ -135,6 +143,10 @@ class WorkerMetrics:
         """Count leases lost."""
         if count:
             self.lost.inc(count)
+
+    def stuck_handlers(self, count: int) -> None:
+        """Set the number of stuck handlers (each heartbeat)."""
+        self.stuck.set(count)
 
     def process_exited(self, pid: int) -> None:
         """Drop a dead child's live gauges (multiprocess mode only)."""

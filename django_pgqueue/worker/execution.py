@@ -95,6 +95,10 @@ class InFlight:
     #: asked to stop, it keeps its lease (and its slot and partition turn) until the
     #: handler returns, and its outcome is recorded as cancelled.
     cancel_requested: bool = False
+    #: Since when (time.monotonic) the handler runs although asked to stop (past its
+    #: timeout, or cancelled by an operator): a stuck handler, reported and, after
+    #: PGQUEUE_STUCK_HANDLER_GRACE_SECONDS, the reason its process is replaced.
+    stuck_since: float | None = None
     #: Until when (time.monotonic) the lease is surely held: a moment taken before the
     #: claim (or the last extension) was sent, plus the lease length. Local clock only.
     lease_valid_until: float = float("inf")

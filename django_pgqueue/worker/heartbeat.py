@@ -82,10 +82,12 @@ class Heartbeat(threading.Thread):
         status: Callable[[], str],
         metadata: dict[str, Any],
         overdue: Callable[[], list[int]] = list,
+        stuck: Callable[[], list[dict[str, Any]]] = list,
         on_cancel_requested: Callable[[list[Lease]], None] | None = None,
     ) -> None:
         super().__init__(name="pgqueue-heartbeat", daemon=True)
         self._overdue = overdue
+        self._stuck = stuck
         self._on_cancel_requested = on_cancel_requested
         self._slot = slot
         self._worker_id = worker_id
@@ -163,11 +165,15 @@ class Heartbeat(threading.Thread):
             observe.current.leases_extended(len(leases) - len(lost))
             if lost:
                 self._on_leases_lost(lost)
-        # Shown in the admin: a handler past its timeout that Python cannot stop.
+        # Shown in the admin: handlers past their timeout (or cancel) that Python cannot
+        # stop. overdue_jobs is what the admin of the previous release reads.
+        stuck = self._stuck()
+        observe.current.stuck_handlers(len(stuck))
         metadata = {
             **self._metadata,
             "owned_buckets": self._owned,
             "overdue_jobs": self._overdue(),
+            "stuck_handlers": stuck,
         }
         self._slot.run(
             lambda store: store.heartbeat_worker(

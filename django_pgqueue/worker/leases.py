@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
+from typing import Any
 
 import psycopg
 
@@ -14,7 +16,10 @@ from django_pgqueue.worker.execution import InFlight
 from django_pgqueue.worker.logfields import job_extra
 from django_pgqueue.worker.recording import OutcomeRecorder
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["EXIT_STUCK", "LeaseKeeper"]
+
+#: The exit code of a worker process that stopped to be replaced: a handler was stuck.
+EXIT_STUCK = 3
 
 logger = logging.getLogger("django_pgqueue.worker")
 
@@ -37,6 +42,56 @@ class LeaseKeeper(OutcomeRecorder):
                 for flight in self._flights.values()
                 if flight.overdue and flight.busy and not flight.abandoned
             )
+
+    def _stuck_handlers(self) -> list[dict[str, Any]]:
+        """Describe the handlers still running after being asked to stop (the registry's).
+
+        ``seconds``: how long since they were asked (their timeout passed, or an operator
+        cancelled them), as of this call; ``why``: "timeout" or "cancel".
+        """
+        now = time.monotonic()
+        with self._flights_lock:
+            return [
+                {
+                    "job": flight.job.id,
+                    "task": flight.job.task_path,
+                    "seconds": round(now - flight.stuck_since, 1),
+                    "why": "timeout" if flight.overdue else "cancel",
+                }
+                for flight in sorted(self._flights.values(), key=lambda f: f.job.id)
+                if flight.stuck_since is not None and flight.busy and not flight.abandoned
+            ]
+
+    def _replace_if_stuck(self) -> None:
+        """Stop this process cleanly once a handler has been stuck past the grace.
+
+        Python cannot stop the thread; ending the process can. The worker drains as on
+        SIGTERM, leaves the stuck jobs to their leases (they are held, and extended, until
+        the process has exited with the thread) and exits with :data:`EXIT_STUCK`; the
+        supervisor (``--processes``) or the process manager starts a fresh one.
+        """
+        grace = self._stuck_grace
+        if grace is None or self._replacing:
+            return
+        stuck = [h for h in self._stuck_handlers() if h["seconds"] >= grace]
+        if not stuck:
+            return
+        self._replacing = True
+        for handler in stuck:
+            logger.error(
+                "job %s: its handler (%s) is still running %ss after it was asked to stop "
+                "(%s); replacing worker process %s (PGQUEUE_STUCK_HANDLER_GRACE_SECONDS=%s). "
+                "The job keeps its lease until this process has exited",
+                handler["job"],
+                handler["task"],
+                handler["seconds"],
+                "its timeout passed" if handler["why"] == "timeout" else "cancelled",
+                os.getpid(),
+                grace,
+            )
+        # As a SIGTERM would: the loop stops claiming and the shutdown drains.
+        self._stop_requests += 1
+        self._wake.set()
 
     def _leases_extended(self, held: frozenset[tuple[int, int]], sent_at: float) -> None:
         until = sent_at + self.options.lease_seconds
@@ -80,6 +135,8 @@ class LeaseKeeper(OutcomeRecorder):
             ]
             for flight in flights:
                 flight.cancel_requested = True
+                if flight.started_at is not None and flight.stuck_since is None:
+                    flight.stuck_since = time.monotonic()
         for flight in flights:
             logger.warning(
                 "job %s: cancelled by an operator while it ran; asked its handler to stop. "
@@ -170,6 +227,7 @@ class LeaseKeeper(OutcomeRecorder):
         for flight in overdue:
             assert flight.entry is not None
             flight.overdue = True
+            flight.stuck_since = now
             flight.cancel.set()
             logger.warning(
                 "job %s: ran past its timeout of %ss; asked it to stop. Its thread is still "

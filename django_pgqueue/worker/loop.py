@@ -32,6 +32,7 @@ from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS
 from django_pgqueue.worker.execution import InFlight, Outcome, OutcomeKind
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.housekeeping import Housekeeper
+from django_pgqueue.worker.leases import EXIT_STUCK
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.logfields import job_extra
 from django_pgqueue.worker.pools import ThreadPool
@@ -74,7 +75,7 @@ class Worker(GracefulShutdown):
                 self._shutdown(crashed=crashed)
         self._tally.log()
         logger.info("worker %s stopped after %d jobs", self.id, self.processed)
-        return 0
+        return EXIT_STUCK if self._replacing else 0
 
     def request_stop(self) -> None:
         """Begin a graceful shutdown; a second call makes it immediate.
@@ -162,6 +163,7 @@ class Worker(GracefulShutdown):
             status=lambda: str(self.status),
             metadata=self._metadata(),
             overdue=self._overdue_jobs,
+            stuck=self._stuck_handlers,
             on_cancel_requested=self._cancel_requested,
         )
         self._listener.start()
@@ -192,6 +194,7 @@ class Worker(GracefulShutdown):
                 raise self._recorder_error
             self._tally.log_if_due()
             self._enforce_deadlines()
+            self._replace_if_stuck()
             self._hand_back_cancelled()
             if self._adaptive.enabled:
                 self._hand_back_stale()

@@ -40,6 +40,9 @@ class WorkerObserver(Protocol):
     def process_exited(self, pid: int) -> None:
         """A ``--processes`` child exited (the supervisor reports it)."""
 
+    def stuck_handlers(self, count: int) -> None:
+        """``count`` handlers run on although asked to stop (each heartbeat reports it)."""
+
 
 class NullObserver:
     """Listens to nothing."""
@@ -60,6 +63,9 @@ class NullObserver:
         """Do nothing."""
 
     def process_exited(self, pid: int) -> None:
+        """Do nothing."""
+
+    def stuck_handlers(self, count: int) -> None:
         """Do nothing."""
 
 

@@ -93,10 +93,25 @@ class GracefulShutdown(LeaseKeeper):
                 len(running),
             )
         elif running:
-            logger.warning(
-                "worker %s: releasing %d unfinished jobs at shutdown", self.id, len(running)
-            )
-            self._release(running, "worker shut down before the job finished")
+            if self._replacing:
+                # Their threads end with this process, not before: a release now could
+                # start another attempt beside a handler still running. Their leases,
+                # extended until now, run out once the process is gone.
+                stuck = [f for f in running if f.stuck_since is not None]
+                running = [f for f in running if f.stuck_since is None]
+                if stuck:
+                    logger.warning(
+                        "worker %s: leaving %d stuck jobs to their leases (%s); they are "
+                        "retried once the leases run out, after this process has exited",
+                        self.id,
+                        len(stuck),
+                        ", ".join(str(f.job.id) for f in stuck),
+                    )
+            if running:
+                logger.warning(
+                    "worker %s: releasing %d unfinished jobs at shutdown", self.id, len(running)
+                )
+                self._release(running, "worker shut down before the job finished")
 
     def _record_outcomes_at_exit(self) -> None:
         try:

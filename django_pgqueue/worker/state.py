@@ -12,6 +12,7 @@ import threading
 import time
 from queue import SimpleQueue
 
+from django_pgqueue.conf import conf
 from django_pgqueue.states import WorkerStatus
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ClaimedJob
@@ -39,6 +40,10 @@ class WorkerState:
         self.processed = 0
         self.status = WorkerStatus.ALIVE
         self._stop_requests = 0
+        #: A handler stuck past PGQUEUE_STUCK_HANDLER_GRACE_SECONDS: this process is
+        #: draining to be replaced (see LeaseKeeper._replace_if_stuck).
+        self._replacing = False
+        self._stuck_grace = conf.STUCK_HANDLER_GRACE_SECONDS
         self._wake = threading.Event()
         self._outcomes: SimpleQueue[Outcome] = SimpleQueue()
         # Keyed by (job id, lease generation): one entry per attempt, see InFlight.

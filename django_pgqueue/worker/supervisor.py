@@ -3,9 +3,11 @@
 One Python process runs handlers on one core at a time (the GIL); to use a machine's
 cores, ``runqueueworker --processes N`` forks N workers from this supervisor. A child
 that crashes (or is killed) is restarted with backoff; a child that exits normally after
-``--max-jobs`` is replaced (worker recycling); in ``--burst`` mode children are not
-replaced and the supervisor exits when all are done. SIGTERM/SIGINT are passed on to the
-children, which drain as usual; a second signal is passed on too (immediate stop).
+``--max-jobs`` is replaced (worker recycling), and so is, at once, a child that stopped
+because a handler was stuck (exit code 3, see ``LeaseKeeper._replace_if_stuck``); in
+``--burst`` mode children are not replaced and the supervisor exits when all are done.
+SIGTERM/SIGINT are passed on to the children, which drain as usual; a second signal is
+passed on too (immediate stop).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from multiprocessing.process import BaseProcess
 from django.db import connections
 
 from django_pgqueue.worker import observe
+from django_pgqueue.worker.leases import EXIT_STUCK
 from django_pgqueue.worker.loop import Worker
 from django_pgqueue.worker.options import WorkerOptions, default_worker_id
 from django_pgqueue.worker.stopsignal import STOP_SIGNALS, SignalRelay
@@ -100,7 +103,15 @@ class Supervisor:
                     continue
                 if code == 0 and self.options.burst:
                     continue
-                if code != 0:
+                if code == EXIT_STUCK:
+                    # A handler was stuck: the child drained and exited to free its
+                    # thread. Not a crash: no backoff.
+                    logger.warning(
+                        "worker process %s exited to free a stuck handler; replacing it",
+                        child.pid,
+                    )
+                    backoff[slot] = 1.0
+                elif code != 0:
                     logger.warning(
                         "worker process %s exited with %s; restarting in %.0fs",
                         child.pid,
