@@ -51,16 +51,22 @@ class LeaseKeeper(OutcomeRecorder):
         """
         now = time.monotonic()
         with self._flights_lock:
-            return [
-                {
-                    "job": flight.job.id,
-                    "task": flight.job.task_path,
-                    "seconds": round(now - flight.stuck_since, 1),
-                    "why": "timeout" if flight.overdue else "cancel",
-                }
-                for flight in sorted(self._flights.values(), key=lambda f: f.job.id)
+            # Called on every turn of the loop: a pass over the flights, nothing sorted
+            # or built unless one is stuck.
+            stuck = [
+                flight
+                for flight in self._flights.values()
                 if flight.stuck_since is not None and flight.busy and not flight.abandoned
             ]
+        return [
+            {
+                "job": flight.job.id,
+                "task": flight.job.task_path,
+                "seconds": round(now - (flight.stuck_since or now), 1),
+                "why": "timeout" if flight.overdue else "cancel",
+            }
+            for flight in sorted(stuck, key=lambda f: f.job.id)
+        ]
 
     def _replace_if_stuck(self) -> None:
         """Stop this process cleanly once a handler has been stuck past the grace.
