@@ -77,9 +77,19 @@ class LeaseKeeper(OutcomeRecorder):
         supervisor (``--processes``) or the process manager starts a fresh one.
         """
         grace = self._stuck_grace
-        if grace is None or self._replacing:
+        if grace is None or self._replacing or not self._stuck_marked:
             return
-        stuck = [h for h in self._stuck_handlers() if h["seconds"] >= grace]
+        handlers = self._stuck_handlers()
+        if not handlers:
+            with self._flights_lock:
+                # Under the lock a cancel marks flights with: none can be missed.
+                if not any(
+                    f.stuck_since is not None and f.busy and not f.abandoned
+                    for f in self._flights.values()
+                ):
+                    self._stuck_marked = False  # they all returned: back to the free check
+            return
+        stuck = [h for h in handlers if h["seconds"] >= grace]
         if not stuck:
             return
         self._replacing = True
@@ -143,6 +153,7 @@ class LeaseKeeper(OutcomeRecorder):
                 flight.cancel_requested = True
                 if flight.started_at is not None and flight.stuck_since is None:
                     flight.stuck_since = time.monotonic()
+                    self._stuck_marked = True
         for flight in flights:
             logger.warning(
                 "job %s: cancelled by an operator while it ran; asked its handler to stop. "
@@ -234,6 +245,7 @@ class LeaseKeeper(OutcomeRecorder):
             assert flight.entry is not None
             flight.overdue = True
             flight.stuck_since = now
+            self._stuck_marked = True
             flight.cancel.set()
             logger.warning(
                 "job %s: ran past its timeout of %ss; asked it to stop. Its thread is still "

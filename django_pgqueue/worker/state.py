@@ -43,6 +43,9 @@ class WorkerState:
         #: A handler stuck past PGQUEUE_STUCK_HANDLER_GRACE_SECONDS: this process is
         #: draining to be replaced (see LeaseKeeper._replace_if_stuck).
         self._replacing = False
+        #: Some attempt was marked stuck since the last scan found none: the loop's
+        #: stuck-handler check costs one attribute read until then.
+        self._stuck_marked = False
         self._stuck_grace = conf.STUCK_HANDLER_GRACE_SECONDS
         self._wake = threading.Event()
         self._outcomes: SimpleQueue[Outcome] = SimpleQueue()
