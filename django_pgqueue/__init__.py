@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from django_pgqueue.exceptions import (
     EnqueueError,
     InvalidArguments,
+    InvalidBatchResult,
     InvalidOption,
     JobNotFound,
     JobTimeout,
@@ -25,6 +26,7 @@ from django_pgqueue.states import JobStatus, WorkerStatus
 if TYPE_CHECKING:
     # Type checkers see the real names; at run time __getattr__ imports them lazily.
     from django_pgqueue.features.pausing import pause_queue, paused_queues, resume_queue
+    from django_pgqueue.tasks.batches import BatchJob
     from django_pgqueue.tasks.decorators import task
 
 __version__ = "0.1.0.dev0"
@@ -37,6 +39,10 @@ def __getattr__(name: str) -> object:
         from django_pgqueue.tasks.decorators import task
 
         return task
+    if name == "BatchJob":
+        from django_pgqueue.tasks.batches import BatchJob
+
+        return BatchJob
     if name in ("pause_queue", "resume_queue", "paused_queues"):
         # Pausing needs the models, hence settings: imported on first use too.
         from django_pgqueue.features import pausing
@@ -46,8 +52,10 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "BatchJob",
     "EnqueueError",
     "InvalidArguments",
+    "InvalidBatchResult",
     "InvalidOption",
     "JobNotFound",
     "JobStatus",

@@ -19,6 +19,7 @@ __all__ = [
     "DependencyInOtherDatabase",
     "EnqueueError",
     "InvalidArguments",
+    "InvalidBatchResult",
     "InvalidIndexStatement",
     "InvalidOption",
     "InvalidSchedule",
@@ -205,6 +206,11 @@ class SnoozeLimitReached(PgQueueError):
     """Recorded when a job asked to snooze more often than its task's ``max_snoozes``."""
 
 
+class InvalidBatchResult(PgQueueError):
+    """A batched task's handler returned something other than None or a mapping of its
+    batch's job ids to outcomes; every job of the batch fails with it (and is retried)."""
+
+
 # ---------------------------------------------------------------- enqueue-time errors
 class EnqueueError(PgQueueError, InvalidTask):
     """The job cannot be enqueued as given; no row was written."""
@@ -288,7 +294,7 @@ class DependencyInOtherDatabase(EnqueueError):
 class InvalidSchedule(ConfigurationError):
     """A periodic schedule is declared wrongly: its expression, timezone, policy or name.
 
-    ``field`` names what was wrong; the system checks (E201-E207) report the same
+    ``field`` names what was wrong; the system checks (E201-E208) report the same
     problems before a worker starts.
     """
 

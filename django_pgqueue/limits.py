@@ -17,6 +17,8 @@ WORKER_ID_MAX_LENGTH = 200
 SCHEDULE_NAME_MAX_LENGTH = 150
 MAX_ATTEMPTS_LIMIT = 1000
 MAX_SNOOZES_LIMIT = 1_000_000
+# The most jobs one call of a batched task's handler takes.
+MAX_BATCH_SIZE = 1000
 # Job ids are bigint: ids outside this range are refused before PostgreSQL sees them.
 JOB_ID_MIN = -(2**63)
 JOB_ID_MAX = 2**63 - 1

@@ -97,6 +97,7 @@ SERVER_SIDE = frozenset(
         "test_admin_browser_pauses.py",
         "test_admin_indexes.py",
         "test_attempt_bookkeeping.py",
+        "test_batches.py",
         "test_bookkeeping_locks.py",
         "test_cancel_running.py",
         "test_check_invalid_indexes.py",

@@ -753,3 +753,86 @@ def ledger_stuck(context: Any, seconds: float = 60.0) -> int:
         time.sleep(seconds)
     _ledger(context, "end")
     return int(context.attempt)
+
+
+# ---------------------------------------------------------------- batched handlers
+def _batch_outcome(job: Any, leader: int) -> Any:
+    """What a batched test task answers for one job, by its ``do`` keyword argument."""
+    from django_pgqueue import PermanentError, Snooze
+    from tests import ledger
+
+    ledger.write(job.id, "batch", attempt=job.attempt, label=str(leader))
+    do = job.kwargs.get("do", "ok")
+    if do == "fail" or (do == "fail_once" and job.attempt == 1):
+        return RuntimeError(f"job {job.id} failed in its batch")
+    if do == "permanent":
+        return PermanentError(f"job {job.id} cannot be done")
+    if do == "snooze_once" and _snoozes(job.id) == 0:
+        return Snooze(0)
+    return {"job": job.id, "value": job.kwargs.get("value"), "attempt": job.attempt}
+
+
+@pgqueue_task(batch_size=5, max_attempts=3)
+def ledger_batch(jobs: list[Any]) -> dict[int, Any]:
+    """Answer for each job of the batch by its ``do`` argument; a "raise" job raises."""
+    if any(job.kwargs.get("do") == "raise" for job in jobs):
+        raise ValueError(f"batch of {len(jobs)} raised")
+    leader = jobs[0].id
+    return {job.id: _batch_outcome(job, leader) for job in jobs}
+
+
+@pgqueue_task(batch_size=5, max_attempts=2)
+async def async_ledger_batch(jobs: list[Any]) -> dict[int, Any]:
+    """The async twin of ledger_batch."""
+    from asgiref.sync import sync_to_async
+
+    leader = jobs[0].id
+    return {job.id: await sync_to_async(_batch_outcome)(job, leader) for job in jobs}
+
+
+@pgqueue_task(batch_size=3, max_attempts=2)
+def batch_returns_nothing(jobs: list[Any]) -> None:
+    """Succeed every job of the batch without a result."""
+    from tests import ledger
+
+    for job in jobs:
+        ledger.write(job.id, "batch", attempt=job.attempt, label=str(jobs[0].id))
+
+
+@pgqueue_task(batch_size=3, max_attempts=1)
+def batch_answers_for_strangers(jobs: list[Any]) -> dict[int, Any]:
+    """Answer for a job that is not in the batch (a bug the worker must refuse)."""
+    return {-1: "not mine", **{job.id: "ok" for job in jobs}}
+
+
+@pgqueue_task(batch_size=4, max_attempts=2, timeout=1.0)
+def slow_batch(jobs: list[Any]) -> None:
+    """Sleep past the timeout on the first attempt of the batch's first job."""
+    from tests import ledger
+
+    for job in jobs:
+        ledger.write(job.id, "batch", attempt=job.attempt, label=str(jobs[0].id))
+    if jobs[0].attempt == 1:
+        time.sleep(float(jobs[0].kwargs.get("seconds", 2.5)))
+
+
+@pgqueue_task(batch_size=10, max_attempts=1)
+def held_batch(jobs: list[Any]) -> None:
+    """Hold the batch until the test says so (``release`` file), past several heartbeats."""
+    import os
+
+    from tests import ledger
+
+    for job in jobs:
+        ledger.write(job.id, "batch", attempt=job.attempt, label=str(jobs[0].id))
+    path = jobs[0].kwargs["release"]
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pgqueue_task(batch_size=5, max_attempts=3, concurrency_limit=1)
+def limited_batch(jobs: list[Any]) -> dict[int, Any]:
+    """ledger_batch under a concurrency limit of one (key task:<path>)."""
+    leader = jobs[0].id
+    return {job.id: _batch_outcome(job, leader) for job in jobs}

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from django_pgqueue.models import Job
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
-from django_pgqueue.worker.execution import InFlight
+from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.pacing import AdaptivePrefetch
 
 pytestmark = pytest.mark.timeout(90)

@@ -56,8 +56,9 @@ PUBLIC_PATHS = frozenset(
 #: app registry), and why each must stay deferred.
 DEFERRED_ALLOWED = {
     # ``import django_pgqueue`` happens in settings modules: the task decorator and the
-    # pausing functions (which need settings) load on first use.
+    # pausing functions (which need settings) and BatchJob load on first use.
     (NAME, f"{NAME}.tasks.decorators"),
+    (NAME, f"{NAME}.tasks.batches"),
     (NAME, f"{NAME}.features.pausing"),
     # Django's documented place to register system checks: AppConfig.ready().
     (f"{NAME}.apps", f"{NAME}.checks"),

@@ -100,6 +100,14 @@ PARAMS: dict[str, dict[str, Any]] = {
         "channel": "c",
         "flow_channel": "f",
     },
+    "claim_batch_mates": {
+        "worker_id": "w",
+        "queue": "default",
+        "task_path": "tests.tasks.noop",
+        "limit": 10,
+        "scan_limit": 100,
+        "lease_seconds": 30.0,
+    },
     "snooze_if_leased": {
         **_LEASE,
         "delay_seconds": 0.0,
@@ -166,6 +174,8 @@ EXPECTED_INDEXES = {
     },
     # Without the partitions' and concurrency keys' branches: plain jobs only.
     "claim_batch_plain": {"pgq_job_claim", *PRIMARY_KEY},
+    # A batch's mates: the queue's next plain jobs (bounded), then by primary key.
+    "claim_batch_mates": {"pgq_job_claim", *PRIMARY_KEY},
     "partitions_out_of_date": {"pgq_job_part_pending", *PRIMARY_KEY},
     "reap_expired": {"pgq_job_lease", *PRIMARY_KEY},
     "expired_job_ids": {"pgq_job_lease"},

@@ -20,7 +20,7 @@ from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.values import JobSpec, Lease
 from django_pgqueue.worker import Worker, WorkerOptions
-from django_pgqueue.worker.execution import InFlight
+from django_pgqueue.worker.flight import InFlight
 from tests import tasks
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,7 +20,8 @@ from django_pgqueue.exceptions import ConfigurationError
 from django_pgqueue.models import Job
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.tasks import middleware as middleware_module
-from django_pgqueue.worker.execution import InFlight, JobRunner, OutcomeKind
+from django_pgqueue.worker.execution import JobRunner, OutcomeKind
+from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.resolver import TaskResolver
 from tests import middleware, tasks
 

@@ -21,7 +21,8 @@ from django_pgqueue.models import Job
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.tasks import results
-from django_pgqueue.worker.execution import InFlight, JobRunner
+from django_pgqueue.worker.execution import JobRunner
+from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.resolver import TaskResolver
 from tests import tasks
 

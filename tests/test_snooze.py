@@ -206,7 +206,8 @@ def test_a_bad_snooze_fails_the_attempt_with_a_clear_error(workers):
 
 def test_a_snooze_past_the_handlers_timeout_is_a_timeout(store, db_url):
     # Unit of the recorder's rule: an overdue handler's late outcome is JobTimeout.
-    from django_pgqueue.worker.execution import InFlight, Outcome, OutcomeKind
+    from django_pgqueue.worker.execution import Outcome, OutcomeKind
+    from django_pgqueue.worker.flight import InFlight
     from django_pgqueue.worker.recording import OutcomeRecorder
 
     store.enqueue(JobSpec("tests.tasks.ledger_snooze"))

@@ -6,11 +6,11 @@ beside a plain Python model (``tests/queue_model.py``) of what each must do:
 - enqueue with any mix of partition key, concurrency key and limit, rate limit, coalesce
   key and ``after=``, one at a time or in batches, or from SQL (django_pgqueue_enqueue);
   priorities and delays;
-- claims by several workers (full rounds, plain rounds, and two workers at once on two
-  connections), and what a worker does with a lease: complete (alone or batched), fail
-  (permanently or not), time out (the handler keeps running past its deadline), extend,
-  give back (one, or a prefetched batch handed back), snooze (no attempt used, dead letter
-  past the cap), by the current lease or a stale one;
+- claims by several workers (full rounds, plain rounds, a batched task's mates, and two
+  workers at once on two connections), and what a worker does with a lease: complete
+  (alone or batched), fail (permanently or not), time out (the handler keeps running
+  past its deadline), extend, give back (one, or a prefetched batch handed back), snooze
+  (no attempt used, dead letter past the cap), by the current lease or a stale one;
 - lease expiry and the reaper; an operator's cancel (pending, blocked or running), retry
   (with or without reviving dependents), run now, pause and resume a queue; pruning;
   housekeeping's fold of lazy signals; the clock moving on.
@@ -412,6 +412,40 @@ class QueueMachine(RuleBasedStateMachine):
         ).jobs
         self.check_claim(claimed, QUEUES, per_queue, exact=False)
         self.take(claimed, worker)
+        return multiple(*(job.lease for job in claimed))
+
+    @precondition(lambda self: any(j.status == JobStatus.PENDING for j in self.model.jobs.values()))
+    @rule(
+        target=leases,
+        worker=st.sampled_from(WORKERS),
+        queue=st.sampled_from(QUEUES),
+        limit=st.integers(1, 4),
+    )
+    def batch_mates(self, worker: str, queue: str, limit: int) -> Any:
+        """A worker gathering a batch claims more jobs of the task: plain ready jobs
+        only, never from a paused queue, the best ones in claim order, as many as asked
+        if there are that many. Each is then completed, failed, snoozed, given back or
+        lost by the lease rules like any other (a job of a batch is retried alone)."""
+        rows = self.db_rows()
+        available = {job_id: row["available_at"] for job_id, row in rows.items()}
+        plain = [
+            job
+            for job in self.model.claimable(queue, available)
+            if job.partition is None and job.key is None
+        ]
+        claimed = self.store.claim_batch_mates(
+            worker,
+            queue=queue,
+            task_path="tests.tasks.noop",
+            limit=limit,
+            lease_seconds=LEASE_SECONDS,
+        )
+        expected = {job.id for job in plain[:limit]}
+        assert {job.id for job in claimed} == expected, (
+            f"mates {[job.id for job in claimed]} of {queue!r}, expected {sorted(expected)}"
+        )
+        self.take(claimed, worker)
+        self.checked["batch mates were the best plain jobs"] += 1
         return multiple(*(job.lease for job in claimed))
 
     @rule(per_queue=st.integers(1, 3))

@@ -21,7 +21,7 @@ from django_pgqueue.models import Job
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.statements.base import loads_json as _loads_json
 from django_pgqueue.store.values import ClaimedJob, JobSpec
-from django_pgqueue.worker.execution import InFlight
+from django_pgqueue.worker.flight import InFlight
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -88,6 +88,9 @@ class PgQueueTask(Task):  # type: ignore[type-arg]
     max_snoozes: int | None = None
     #: Run the handler and its completion in one transaction (effectively-once writes).
     atomic: bool = False
+    #: Call the handler with a list of up to this many jobs of the task at once, each
+    #: with its own lease and outcome (None: one job per call). See tasks/batches.py.
+    batch_size: int | None = None
     #: Enqueueing again with the same key returns the existing job instead of a new one.
     idempotency_key: str | None = None
     #: Jobs sharing a partition key run one at a time, in enqueue order.

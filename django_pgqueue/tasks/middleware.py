@@ -33,6 +33,7 @@ from django.utils.module_loading import import_string
 from django_pgqueue.compat import Task
 from django_pgqueue.conf import conf
 from django_pgqueue.exceptions import ConfigurationError
+from django_pgqueue.tasks.batches import BatchJob
 from django_pgqueue.tasks.context import JobContext
 
 __all__ = [
@@ -65,6 +66,9 @@ class Attempt:
     ``args`` and ``kwargs`` are what the task is called with (a middleware may change
     them); ``context`` is the :class:`JobContext` a ``takes_context=True`` task gets, else
     None. ``attempt`` counts from 1.
+
+    A batched task's handler call is one attempt here: ``batch`` holds its jobs (also
+    ``args[0]``), and ``job_id`` and ``attempt`` are the first job's.
     """
 
     job_id: int
@@ -77,6 +81,7 @@ class Attempt:
     kwargs: dict[str, Any]
     context: JobContext | None = None
     is_async: bool = False
+    batch: list[BatchJob] | None = None
     kind: Literal["attempt"] = field(default="attempt", init=False)
 
 

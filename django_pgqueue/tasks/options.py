@@ -7,7 +7,12 @@ import math
 from typing import Any
 
 from django_pgqueue.exceptions import InvalidOption
-from django_pgqueue.limits import KEY_MAX_LENGTH, MAX_ATTEMPTS_LIMIT, MAX_SNOOZES_LIMIT
+from django_pgqueue.limits import (
+    KEY_MAX_LENGTH,
+    MAX_ATTEMPTS_LIMIT,
+    MAX_BATCH_SIZE,
+    MAX_SNOOZES_LIMIT,
+)
 from django_pgqueue.states import BlockerFailure
 from django_pgqueue.store.coalescing import check_coalescing
 from django_pgqueue.store.flow_limits import check_limit, parse_rate
@@ -49,6 +54,7 @@ def validate_options(task: Any) -> None:
     if task.atomic and inspect.iscoroutinefunction(task.func):
         # Django's transaction.atomic() cannot span an await.
         raise InvalidOption("atomic", "async tasks cannot be atomic")
+    _check_batch(task)
     check_key("idempotency_key", task.idempotency_key, max_length=KEY_MAX_LENGTH)
     check_key("partition_key", task.partition_key, max_length=KEY_MAX_LENGTH)
     check_coalescing(task.coalesce_key, task.debounce, task.idempotency_key)
@@ -73,3 +79,23 @@ def validate_options(task: Any) -> None:
             "a task has a partition key (one in flight, in order) or a concurrency limit "
             "(N in flight, any order), not both",
         )
+
+
+def _check_batch(task: Any) -> None:
+    batch_size = task.batch_size
+    if batch_size is None:
+        return
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int)
+        or not 1 <= batch_size <= MAX_BATCH_SIZE
+    ):
+        raise InvalidOption(
+            "batch_size", f"{batch_size!r} is not a whole number in 1..{MAX_BATCH_SIZE}"
+        )
+    # One call runs many jobs: a context (one job's) or a transaction completing one
+    # job's lease has no meaning for it.
+    if task.takes_context:
+        raise InvalidOption("batch_size", "a batched task cannot take a context")
+    if task.atomic:
+        raise InvalidOption("batch_size", "a batched task cannot be atomic")

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -45,114 +44,17 @@ from django_pgqueue.tasks.context import JobContext
 from django_pgqueue.tasks.middleware import Attempt, attempt_chain
 from django_pgqueue.tasks.results import build_result, unshared
 from django_pgqueue.worker.failures import ARGUMENTS_MISMATCH, cancelled_failure, failure_from
-from django_pgqueue.worker.resolver import TaskEntry
+from django_pgqueue.worker.flight import InFlight
 
 __all__ = [
-    "InFlight",
     "JobRunner",
     "Outcome",
     "OutcomeKind",
+    "span_outcome",
+    "stored_result",
 ]
 
 logger = logging.getLogger("django_pgqueue.worker")
-
-
-#: Guards the one moment an attempt either starts or is withdrawn (see InFlight.begin):
-#: shared by all attempts, held for two attribute reads and a write.
-_START_LOCK = threading.Lock()
-
-
-@dataclass(slots=True, eq=False)
-class InFlight:
-    """One attempt this worker holds a lease on, from claim until its outcome is recorded.
-
-    Keyed by :attr:`key` (job id and lease generation), never by job id alone: the same
-    process may hold a new attempt of a job while an older attempt's handler still runs
-    (the process was paused past its lease, say), and the two must not touch each
-    other's bookkeeping.
-    """
-
-    job: ClaimedJob
-    entry: TaskEntry | None
-    claimed_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
-    deadline: float | None = None
-    #: The worker gave up on the attempt (lease lost, released at shutdown): whatever
-    #: its handler returns later is dropped, never written.
-    abandoned: bool = False
-    #: The handler ran past its timeout and has been asked to stop; it keeps its lease,
-    #: slot and partition until it returns, and then the attempt fails with JobTimeout.
-    overdue: bool = False
-    #: Its handler is still running (or queued to run) in this process.
-    busy: bool = True
-    #: An atomic task's completion is written and its transaction is committing. From
-    #: then on the row may read finished before :attr:`committed` is set: a heartbeat
-    #: that finds it so has not lost the lease.
-    committing: bool = False
-    #: An atomic task's transaction committed its completion: the attempt is over.
-    committed: bool = False
-    #: An operator asked to cancel the job while this attempt held it: its handler is
-    #: asked to stop, it keeps its lease (and its slot and partition turn) until the
-    #: handler returns, and its outcome is recorded as cancelled.
-    cancel_requested: bool = False
-    #: Since when (time.monotonic) the handler runs although asked to stop (past its
-    #: timeout, or cancelled by an operator): a stuck handler, reported and, after
-    #: PGQUEUE_STUCK_HANDLER_GRACE_SECONDS, the reason its process is replaced.
-    stuck_since: float | None = None
-    #: Until when (time.monotonic) the lease is surely held: a moment taken before the
-    #: claim (or the last extension) was sent, plus the lease length. Local clock only.
-    lease_valid_until: float = float("inf")
-    #: Made on first use (see :attr:`cancel`): most attempts never need one.
-    _cancel: threading.Event | None = None
-
-    @property
-    def cancel(self) -> threading.Event:
-        """Return the event that asks this attempt's handler to stop.
-
-        Made when first asked for (by a task that takes a context, or by the worker
-        cancelling the attempt), under the start lock so both get the same event. An
-        event per job cost a twentieth of a worker's time running no-op jobs.
-        """
-        event = self._cancel
-        if event is None:
-            with _START_LOCK:
-                if self._cancel is None:
-                    self._cancel = threading.Event()
-                event = self._cancel
-        return event
-
-    def begin(self) -> bool:
-        """Mark the handler as starting, unless the attempt was withdrawn or abandoned.
-
-        A thread about to run the job and the dispatcher handing the job back (a stale
-        prefetch, a shutdown) race for the same attempt: exactly one of :meth:`begin` and
-        :meth:`withdraw` wins, so a job handed back never also runs here.
-        """
-        with _START_LOCK:
-            if self.abandoned:
-                return False
-            self.started_at = time.monotonic()
-            return True
-
-    def withdraw(self) -> bool:
-        """Abandon the attempt if its handler has not started; return whether it had not."""
-        with _START_LOCK:
-            if self.started_at is not None or self.abandoned:
-                return False
-            self.abandoned = True
-            return True
-
-    def lease_may_have_expired(self) -> bool:
-        """Return whether the lease may have run out (the process was paused, say).
-
-        A handler is not started then: the job may already run elsewhere.
-        """
-        return time.monotonic() >= self.lease_valid_until
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """Return (job id, lease generation): this attempt's identity."""
-        return (self.job.id, self.job.lease_generation)
 
 
 class OutcomeKind(enum.Enum):
@@ -181,6 +83,9 @@ class Outcome:
     #: Starts the unknown-task window (a release for an unknown task only).
     unknown_since: datetime | None = None
     duration: float = 0.0
+    #: Jobs whose outcomes one handler call decided (a batch): each is charged
+    #: ``duration / shared_by`` of a thread's time.
+    shared_by: int = 1
     #: Set once the outcome is recorded, so a retry after a connection loss skips it.
     written: bool = False
 
@@ -195,7 +100,7 @@ _SPAN_OUTCOMES = {
 }
 
 
-def _span_outcome(flight: InFlight, outcome: Outcome) -> str:
+def span_outcome(flight: InFlight, outcome: Outcome) -> str:
     # A sync handler past its timeout is failed with JobTimeout once it returns.
     if flight.overdue:
         return "timeout"
@@ -300,12 +205,19 @@ class JobRunner:
         if not isinstance(error, TypeError) or entry is None:
             return error
         try:
-            entry.signature.bind(*args, **flight.job.kwargs)
+            if entry.batch_size is not None:
+                entry.signature.bind(*args)
+            else:
+                entry.signature.bind(*args, **flight.job.kwargs)
         except TypeError:
             setattr(error, ARGUMENTS_MISMATCH, True)
             error.add_note(
                 f"django-pgqueue: the job's arguments do not match "
                 f"{flight.job.task_path}{entry.signature}; it will not be retried"
+                if entry.batch_size is None
+                else f"django-pgqueue: {flight.job.task_path}{entry.signature} cannot be "
+                "called with a list of jobs (it is declared with batch_size); it will not "
+                "be retried"
             )
         return error
 
@@ -329,22 +241,21 @@ class JobRunner:
             )
         else:
             object.__setattr__(task_result, "_return_value", value)
-        for receiver, response in task_finished.send_robust(
-            PgQueueBackend, task_result=task_result
-        ):
-            if isinstance(response, Exception):
-                logger.error("task_finished receiver %r raised", receiver, exc_info=response)
+        _send_finished(task_result)
 
     def _failed(
         self,
         flight: InFlight,
         task_result: TaskResult,  # type: ignore[type-arg]
         raised: BaseException,
-        args: list[Any],
+        args: list[Any] | None,
         started: float,
     ) -> Outcome:
-        """Report a failed attempt; call it inside the ``except`` block (for exc_info)."""
-        error = self._explain(raised, flight, args)
+        """Report a failed attempt; call it inside the ``except`` block (for exc_info).
+
+        ``args`` None: the error was explained already (a batch's, once for all jobs).
+        """
+        error = raised if args is None else self._explain(raised, flight, args)
         record_exception(error)
         self._finish_signal(task_result, TaskResultStatus.FAILED, error=error)
         return Outcome(
@@ -367,11 +278,7 @@ class JobRunner:
         that pair it with ``task_started`` stay paired) and the job is waiting again.
         """
         object.__setattr__(task_result, "status", TaskResultStatus.READY)
-        for receiver, response in task_finished.send_robust(
-            PgQueueBackend, task_result=task_result
-        ):
-            if isinstance(response, Exception):
-                logger.error("task_finished receiver %r raised", receiver, exc_info=response)
+        _send_finished(task_result)
         return Outcome(
             flight,
             OutcomeKind.SNOOZED,
@@ -400,7 +307,7 @@ class JobRunner:
             return self._run_sync(flight)
         with attempt_span(flight.job) as span:
             outcome = self._run_sync(flight)
-            set_outcome(span, _span_outcome(flight, outcome))
+            set_outcome(span, span_outcome(flight, outcome))
             return outcome
 
     def _run_sync(self, flight: InFlight) -> Outcome:
@@ -437,7 +344,7 @@ class JobRunner:
             return self._failed(flight, task_result, raised, args, started)
         if isinstance(value, Snooze):
             return self._snoozed(flight, task_result, value, started)
-        stored = _stored(job, value)
+        stored = stored_result(job, value)
         return self._succeeded(flight, task_result, stored.value, stored.json, started)
 
     def _run_atomic(
@@ -466,7 +373,7 @@ class JobRunner:
                     # Returned or raised, a snooze rolls the handler's writes back: the
                     # job runs again, and its writes must not be there twice.
                     raise value
-                stored = _stored(job, value)
+                stored = stored_result(job, value)
                 store.complete_if_leased(job.lease, stored.json)
                 flight.committing = True
             # Committed: the job is finished in the database, its lease is no longer
@@ -499,7 +406,7 @@ class JobRunner:
             return await self._run_async(flight)
         with attempt_span(flight.job) as span:
             outcome = await self._run_async(flight)
-            set_outcome(span, _span_outcome(flight, outcome))
+            set_outcome(span, span_outcome(flight, outcome))
             return outcome
 
     async def _run_async(self, flight: InFlight) -> Outcome:
@@ -541,11 +448,17 @@ class JobRunner:
             return self._failed(flight, task_result, raised, args, started)
         if isinstance(value, Snooze):
             return self._snoozed(flight, task_result, value, started)
-        stored = _stored(job, value)
+        stored = stored_result(job, value)
         return self._succeeded(flight, task_result, stored.value, stored.json, started)
 
 
-def _stored(job: ClaimedJob, value: Any) -> StoredResult:
+def _send_finished(task_result: TaskResult) -> None:  # type: ignore[type-arg]
+    for receiver, response in task_finished.send_robust(PgQueueBackend, task_result=task_result):
+        if isinstance(response, Exception):
+            logger.error("task_finished receiver %r raised", receiver, exc_info=response)
+
+
+def stored_result(job: ClaimedJob, value: Any) -> StoredResult:
     """Return ``value`` as it will be stored; warn if it had to be replaced by a note.
 
     The job still succeeds: its work is done, and a retry would do it twice.

@@ -12,7 +12,7 @@ import psycopg
 from django_pgqueue.store.notices import parse_notice
 from django_pgqueue.store.values import Lease
 from django_pgqueue.worker import observe
-from django_pgqueue.worker.execution import InFlight
+from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.logfields import job_extra
 from django_pgqueue.worker.recording import OutcomeRecorder
 

@@ -29,7 +29,8 @@ from django_pgqueue.store.notices import flow_channel, lease_channel
 from django_pgqueue.store.values import ClaimedJob, Failure
 from django_pgqueue.worker import observe
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS
-from django_pgqueue.worker.execution import InFlight, Outcome, OutcomeKind
+from django_pgqueue.worker.execution import Outcome, OutcomeKind
+from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.housekeeping import Housekeeper
 from django_pgqueue.worker.leases import EXIT_STUCK
@@ -134,7 +135,7 @@ class Worker(GracefulShutdown):
 
     def _start_threads(self) -> None:
         options = self.options
-        self._pool = ThreadPool(options.concurrency, self._runner.run_sync, self._deliver)
+        self._pool = ThreadPool(options.concurrency, self._batcher.run_sync, self._deliver)
         self._listener = Listener(
             alias=options.database,
             channel=conf.NOTIFY_CHANNEL,
@@ -203,13 +204,15 @@ class Worker(GracefulShutdown):
             if options.max_jobs is not None and self.processed >= options.max_jobs:
                 return
             with self._flights_lock:
-                held = len(self._flights)
-                waiting = finished = 0
+                waiting = finished = mates = 0
                 for flight in self._flights.values():
-                    if flight.started_at is None:
+                    if flight.mate:
+                        mates += 1  # runs in a batch: the batch holds one slot
+                    elif flight.started_at is None:
                         waiting += 1
                     elif not flight.busy:
                         finished += 1
+                held = len(self._flights) - mates
             # Up to a batch of attempts whose outcome waits for the recorder takes no
             # slot: the next claim goes out while the last batch is written, rather
             # than claim, run, write, claim in turn (a third of a drain spent waiting).

@@ -11,8 +11,9 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from django_pgqueue.worker.execution import InFlight, Outcome, OutcomeKind
+from django_pgqueue.worker.execution import Outcome, OutcomeKind
 from django_pgqueue.worker.failures import cancelled_failure, failure_from
+from django_pgqueue.worker.flight import InFlight, Start
 from django_pgqueue.worker.logfields import job_extra
 
 __all__ = ["AsyncRunner", "ThreadPool"]
@@ -20,6 +21,8 @@ __all__ = ["AsyncRunner", "ThreadPool"]
 logger = logging.getLogger("django_pgqueue.worker")
 
 Sink = Callable[[Outcome], None]
+#: A batched task's leader returns one outcome per job of its batch.
+Outcomes = Outcome | list[Outcome]
 
 
 def _expired_before_start(flight: InFlight) -> Outcome:
@@ -47,7 +50,7 @@ class ThreadPool:
     does not keep the process alive.
     """
 
-    def __init__(self, size: int, run: Callable[[InFlight], Outcome], sink: Sink) -> None:
+    def __init__(self, size: int, run: Callable[[InFlight], Outcomes], sink: Sink) -> None:
         self._run = run
         self._sink = sink
         self._queue: SimpleQueue[InFlight | None] = SimpleQueue()
@@ -75,14 +78,12 @@ class ThreadPool:
     def _work(self) -> None:
         try:
             while (flight := self._queue.get()) is not None:
-                if flight.abandoned:
-                    self._sink(Outcome(flight, OutcomeKind.LOST))
-                    continue
-                if flight.lease_may_have_expired():
-                    self._sink(_expired_before_start(flight))
-                    continue
-                if not flight.begin():  # withdrawn (handed back) a moment ago
-                    self._sink(Outcome(flight, OutcomeKind.LOST))
+                start = flight.start()
+                if start is not Start.RUN:
+                    if start is Start.GONE:
+                        self._sink(Outcome(flight, OutcomeKind.LOST))
+                    elif start is Start.EXPIRED:
+                        self._sink(_expired_before_start(flight))
                     continue
                 try:
                     outcome = self._run(flight)
@@ -93,7 +94,11 @@ class ThreadPool:
                         extra=job_extra(flight.job),
                     )
                     outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
-                self._sink(outcome)
+                if isinstance(outcome, list):
+                    for each in outcome:
+                        self._sink(each)
+                else:
+                    self._sink(outcome)
                 if self._queue.empty():
                     close_old_connections()  # the end of a burst of work, as after a request
         finally:
@@ -103,7 +108,9 @@ class ThreadPool:
 class AsyncRunner:
     """An event loop in its own thread, started on first use, running coroutine tasks."""
 
-    def __init__(self, run: Callable[[InFlight], Coroutine[Any, Any, Outcome]], sink: Sink) -> None:
+    def __init__(
+        self, run: Callable[[InFlight], Coroutine[Any, Any, Outcomes]], sink: Sink
+    ) -> None:
         self._run = run
         self._sink = sink
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -125,8 +132,12 @@ class AsyncRunner:
             self._ensure_loop().call_soon_threadsafe(self._start_many, flights)
 
     def cancel(self, flight: InFlight) -> None:
-        """Cancel ``flight``'s coroutine if it is running."""
-        if self._loop is None:
+        """Cancel ``flight``'s coroutine if it is running.
+
+        Never a batch's: cancelling one job must not stop its mates. The batch runs on,
+        and the cancelled job's outcome is recorded as cancelled (as for a sync handler).
+        """
+        if self._loop is None or (flight.entry is not None and flight.entry.batch_size):
             return
         self._loop.call_soon_threadsafe(self._cancel, flight.key)
 
@@ -171,13 +182,15 @@ class AsyncRunner:
             task.cancel()
 
     async def _guarded(self, flight: InFlight) -> None:
+        outcome: Outcomes
         try:
-            if flight.abandoned:
+            start = flight.start()
+            if start is Start.BATCHED:
+                return
+            if start is Start.GONE:
                 outcome = Outcome(flight, OutcomeKind.LOST)
-            elif flight.lease_may_have_expired():
+            elif start is Start.EXPIRED:
                 outcome = _expired_before_start(flight)
-            elif not flight.begin():  # withdrawn (handed back) a moment ago
-                outcome = Outcome(flight, OutcomeKind.LOST)
             else:
                 outcome = await self._run(flight)
         except asyncio.CancelledError:
@@ -196,4 +209,8 @@ class AsyncRunner:
             outcome = Outcome(flight, OutcomeKind.FAILED, failure=failure_from(error))
         finally:
             self._tasks.pop(flight.key, None)
-        self._sink(outcome)
+        if isinstance(outcome, list):
+            for each in outcome:
+                self._sink(each)
+        else:
+            self._sink(outcome)

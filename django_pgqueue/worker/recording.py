@@ -89,7 +89,9 @@ class OutcomeRecorder(WorkerState):
                 break
         if not outcomes:
             return True
-        self._adaptive.finished(len(outcomes), run_times=[outcome.duration for outcome in outcomes])
+        self._adaptive.finished(
+            len(outcomes), run_times=[outcome.duration / outcome.shared_by for outcome in outcomes]
+        )
         for outcome in outcomes:
             self._settle_timeout(outcome)
         self._write_started = time.monotonic()

@@ -33,6 +33,8 @@ class TaskEntry:
     timeout: float | None
     #: Snoozes a job of this task may ask for before it is dead-lettered.
     max_snoozes: int
+    #: Jobs one handler call takes (a batched task), else None.
+    batch_size: int | None = None
 
 
 class TaskResolver:
@@ -72,6 +74,7 @@ class TaskResolver:
                     if options is not None and options.max_snoozes is not None
                     else conf.MAX_SNOOZES
                 ),
+                batch_size=options.batch_size if options is not None else None,
             )
             self._known[task_path] = entry
             self._unknown.pop(task_path, None)

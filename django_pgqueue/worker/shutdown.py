@@ -54,6 +54,7 @@ class GracefulShutdown(LeaseKeeper):
         self._recorder_slot.close()
         self._control.close()
         self._steps.close()
+        self._batcher.slot.close()
 
     def _finish_or_give_back(self, grace_ends: float, *, crashed: bool) -> None:
         """Record what finished, give back what did not (see _shutdown)."""

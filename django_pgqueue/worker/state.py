@@ -16,8 +16,10 @@ from django_pgqueue.conf import conf
 from django_pgqueue.states import WorkerStatus
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ClaimedJob
+from django_pgqueue.worker.batching import Batcher, BatchJobRunner
 from django_pgqueue.worker.connection import ConnectionSlot
-from django_pgqueue.worker.execution import InFlight, JobRunner, Outcome
+from django_pgqueue.worker.execution import Outcome
+from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.heartbeat import Heartbeat
 from django_pgqueue.worker.housekeeping import Housekeeper
 from django_pgqueue.worker.listener import Listener
@@ -95,14 +97,15 @@ class WorkerState:
         self._steps = ConnectionSlot(options.database, f"pgqueue steps {self.id}")
         self._resolver = TaskResolver()
         self._tally = OutcomeTally(self.id, options.log_summary_seconds)
-        self._runner = JobRunner(
+        self._runner = BatchJobRunner(
             backend_alias=options.backend,
             database=options.database,
             worker_id=self.id,
             record_step=self._record_step,
         )
+        self._batcher = Batcher(self, self._runner)
         self._pool: ThreadPool | None = None
-        self._async = AsyncRunner(self._runner.run_async, self._deliver)
+        self._async = AsyncRunner(self._batcher.run_async, self._deliver)
         self._listener: Listener | None = None
         self._heartbeat: Heartbeat | None = None
         self._housekeeper: Housekeeper | None = None

@@ -363,6 +363,60 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, N
 FROM summary
 
 
+-- name: claim_batch_mates
+-- Lease more ready jobs of one task to a worker whose handler takes that task's jobs in
+-- batches (a task declared with batch_size): plain jobs only (no partition, no
+-- concurrency key: those are claimed by claim_batch alone, which keeps their turns and
+-- limits), of one queue, in claim order, never from a paused queue. The scan reads at
+-- most scan_limit rows of pgq_job_claim in claim order and keeps those of the task, so a
+-- deep backlog of other tasks' jobs bounds the work instead of being read to its end;
+-- the jobs it skips are the queue's next ones anyway, for the next claim. Rows are
+-- re-checked and locked with SKIP LOCKED by primary key, as in claim_batch.
+WITH scanned AS MATERIALIZED (
+    SELECT job.id, job.task_path
+    FROM django_pgqueue_job AS job
+    WHERE job.status = 'pending'
+      AND job.partition_key IS NULL
+      AND job.concurrency_key IS NULL
+      AND job.queue = %(queue)s
+      AND job.available_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM django_pgqueue_queue_pause AS paused WHERE paused.queue = %(queue)s
+      )
+    ORDER BY job.priority DESC, job.available_at, job.id
+    LIMIT %(scan_limit)s
+),
+picked AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (
+        ARRAY(SELECT scanned.id FROM scanned WHERE scanned.task_path = %(task_path)s)
+    )
+      AND job.status = 'pending'
+      AND job.partition_key IS NULL
+      AND job.concurrency_key IS NULL
+      AND COALESCE(job.available_at, now()) <= now()
+    ORDER BY job.priority DESC, job.available_at, job.id
+    LIMIT %(limit)s
+    FOR UPDATE OF job SKIP LOCKED
+)
+UPDATE django_pgqueue_job AS job
+SET status = 'processing',
+    attempts = job.attempts + 1,
+    lease_generation = job.lease_generation + 1,
+    claimed_by = %(worker_id)s,
+    claimed_at = now(),
+    started_at = COALESCE(job.started_at, now()),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+WHERE job.id = ANY (ARRAY(SELECT picked.id FROM picked))
+RETURNING
+    job.id, job.queue, job.task_path, job.args, job.kwargs, job.priority, job.attempts,
+    job.max_attempts, job.lease_generation, job.step, job.partition_key,
+    job.idempotency_key, job.created_at, job.available_at, job.claimed_at,
+    job.lease_expires_at, jsonb_path_query_array(job.errors, '$[*].worker') AS prior_workers,
+    job.unknown_task_since, job.traceparent, job.concurrency_key
+
+
 -- name: fold_signals
 -- Bring up to date the partitions and concurrency keys that producers and operators
 -- signalled urgently (pgq_partition_signal_urgent, pgq_concurrency_signal_urgent), at

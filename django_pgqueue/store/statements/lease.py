@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from django_pgqueue.conf import conf
 from django_pgqueue.exceptions import InvalidOption, SnoozeLimitReached
@@ -170,7 +171,6 @@ class LeaseStatements(StoreBase):
         else:
             result = self.runner.run(*claim)
         claimed = []
-        loads = loads_json
         signalled = False
         flow_open = False
         for row in result.rows:
@@ -178,32 +178,38 @@ class LeaseStatements(StoreBase):
                 signalled = bool(row[-2])
                 flow_open = bool(row[-1])
                 continue
-            claimed.append(
-                ClaimedJob(
-                    id=row[0],
-                    queue=row[1],
-                    task_path=row[2],
-                    args=loads(row[3]),
-                    kwargs=loads(row[4]),
-                    priority=row[5],
-                    attempts=row[6],
-                    max_attempts=row[7],
-                    lease_generation=row[8],
-                    step=row[9],
-                    partition_key=row[10],
-                    idempotency_key=row[11],
-                    created_at=row[12],
-                    available_at=row[13],
-                    claimed_at=row[14],
-                    lease_expires_at=row[15],
-                    prior_workers=loads(row[16]),
-                    worker_id=worker_id,
-                    unknown_task_since=row[17],
-                    traceparent=row[18],
-                    concurrency_key=row[19],
-                )
-            )
+            claimed.append(_claimed_job(row, worker_id))
         return claimed, signalled, folded, flow_open
+
+    def claim_batch_mates(
+        self,
+        worker_id: str,
+        *,
+        queue: str,
+        task_path: str,
+        limit: int,
+        lease_seconds: float,
+    ) -> list[ClaimedJob]:
+        """Lease up to ``limit`` more ready plain jobs of ``task_path`` in ``queue``.
+
+        For a worker gathering a batch for a task declared with ``batch_size``. Jobs with
+        a partition or concurrency key are never taken here (the full claim keeps their
+        turns and limits); a paused queue gives nothing. Reads at most ten times
+        ``limit`` of the queue's next ready jobs (at least 100, at most 10,000), so a
+        backlog of other tasks' jobs costs a bounded scan. Never waits on a locked row.
+        """
+        if limit <= 0:
+            return []
+        rows = self._run(
+            "claim_batch_mates",
+            worker_id=worker_id,
+            queue=queue,
+            task_path=task_path,
+            limit=limit,
+            scan_limit=min(max(limit * 10, 100), 10_000),
+            lease_seconds=lease_seconds,
+        ).rows
+        return [_claimed_job(row, worker_id) for row in rows]
 
     def fold_signals(self, *, batch_size: int = FOLD_BATCH) -> int:
         """Fold urgent signals and wake due partitions and keys; return how many changed.
@@ -426,3 +432,30 @@ class LeaseStatements(StoreBase):
                 raise InvalidOption("step", f"must be a string or None, not {step!r}")
             check_text("step", step)
         self._run_fenced("set_step_if_leased", lease, step=step)
+
+
+def _claimed_job(row: Sequence[Any], worker_id: str) -> ClaimedJob:
+    """Return a claimed job from a row of claim_batch or claim_batch_mates."""
+    return ClaimedJob(
+        id=row[0],
+        queue=row[1],
+        task_path=row[2],
+        args=loads_json(row[3]),
+        kwargs=loads_json(row[4]),
+        priority=row[5],
+        attempts=row[6],
+        max_attempts=row[7],
+        lease_generation=row[8],
+        step=row[9],
+        partition_key=row[10],
+        idempotency_key=row[11],
+        created_at=row[12],
+        available_at=row[13],
+        claimed_at=row[14],
+        lease_expires_at=row[15],
+        prior_workers=loads_json(row[16]),
+        worker_id=worker_id,
+        unknown_task_since=row[17],
+        traceparent=row[18],
+        concurrency_key=row[19],
+    )
