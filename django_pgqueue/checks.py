@@ -52,6 +52,8 @@ CHECK_IDS = {
     "'cron' extra) is not installed.",
     "django_pgqueue.E207": "A periodic schedule is declared wrongly: a bad name, a malformed "
     "PGQUEUE_SCHEDULES entry, arguments that are not JSON, or a name declared twice.",
+    "django_pgqueue.E208": "A periodic schedule's priority is not a whole number between "
+    "-100 and 100.",
     "django_pgqueue.E301": "A concurrency or rate limit in PGQUEUE_CONCURRENCY_LIMITS or "
     "PGQUEUE_RATE_LIMITS names a queue that is in no PgQueueBackend's QUEUES.",
     "django_pgqueue.E302": "A concurrency or rate limit in PGQUEUE_CONCURRENCY_LIMITS or "
@@ -151,7 +153,7 @@ def check_apps(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) ->
 
 @checks.register()
 def check_schedules(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[Any]:
-    """Report invalid periodic schedules (E201-E207), before any worker fires them."""
+    """Report invalid periodic schedules (E201-E208), before any worker fires them."""
 
     schedules, problems = declared_schedules()
     for schedule in schedules.values():

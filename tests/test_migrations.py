@@ -171,3 +171,56 @@ def test_0014_drops_the_unused_partitioned_claim_index_and_reversing_rebuilds_it
         after = conn.execute(_INDEX, ["pgq_job_claim_part"]).fetchone()
         assert after == before  # same definition, valid, same comment
         assert after[2].startswith("claim_batch: ready partitioned jobs")
+
+
+_SCHEDULE = """
+INSERT INTO django_pgqueue_schedule (
+    name, task_path, queue, priority, max_attempts, args, kwargs, expression, description,
+    timezone, downtime, catch_up, timing, next_fire_at
+)
+VALUES (%s, 'app.tasks.t', 'default', 0, 3, '[]', '{}', '@daily', 'daily', 'UTC', 'latest',
+    1, 't', now())
+"""
+
+
+def test_0018_marks_existing_schedules_as_code_and_guards_admin_ones(scratch_database):
+    _manage(scratch_database, "migrate", "django_pgqueue", "0017", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        conn.execute(_SCHEDULE, ["declared"])
+        # A long transaction holds the table: the migration gives up after its lock
+        # timeout instead of queueing every worker's fires behind it.
+        conn.execute("BEGIN")
+        conn.execute("SELECT * FROM django_pgqueue_schedule FOR UPDATE")
+        with pytest.raises(subprocess.CalledProcessError) as failed:
+            _manage(scratch_database, "migrate", "django_pgqueue", "0018", "--noinput")
+        assert b"lock timeout" in failed.value.stderr
+        conn.execute("ROLLBACK")
+
+    _manage(scratch_database, "migrate", "django_pgqueue", "0018", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        assert conn.execute("SELECT name, source FROM django_pgqueue_schedule").fetchall() == [
+            ("declared", "code")
+        ]
+        conn.execute(_SCHEDULE, ["edited"])
+        conn.execute("UPDATE django_pgqueue_schedule SET source = 'admin' WHERE name = 'edited'")
+        # The previous release's sync: every undeclared name. The admin's row stays.
+        deleted = conn.execute(
+            "DELETE FROM django_pgqueue_schedule WHERE NOT (name = ANY ('{}'::text[])) "
+            "RETURNING name"
+        ).fetchall()
+        assert deleted == [("declared",)]
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE django_pgqueue_schedule SET source = 'other'")
+
+    _manage(scratch_database, "migrate", "django_pgqueue", "0017", "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        columns = conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_name = 'django_pgqueue_schedule' AND column_name = 'source'"
+        ).fetchall()
+        assert columns == []
+        assert conn.execute(
+            "SELECT to_regprocedure('django_pgqueue_keep_admin_schedule()')"
+        ).fetchone() == (None,)
+        # Without the trigger, the former admin row is an ordinary one.
+        assert conn.execute("DELETE FROM django_pgqueue_schedule").rowcount == 1

@@ -31,8 +31,9 @@ _DOTTED = re.compile(
 )
 
 
-#: Dotted names in the docs that are not import paths: system check ids and loggers.
-_NOT_PATHS = re.compile(r"^django_pgqueue\.([EW]\d{3}|jobs|schedules)$")
+#: Dotted names in the docs that are not import paths: system check ids, loggers, and the
+#: PostgreSQL setting an admin schedule's delete sets (migration 0018's trigger reads it).
+_NOT_PATHS = re.compile(r"^django_pgqueue\.([EW]\d{3}|jobs|schedules|delete_admin_schedule)$")
 
 
 _AUTOMODULE = re.compile(r"automodule:: (django_pgqueue(?:\.\w+)*)\n\s+:members: ([\w, ]+)")

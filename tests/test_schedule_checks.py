@@ -123,6 +123,19 @@ def test_e206_cron_library_missing(monkeypatch):
         definition_of(PeriodicSchedule("n", "tests.tasks.scheduled_probe", "@daily"))
 
 
+def test_e208_priority_out_of_range():
+    # Every fire would break the job table's check on priority.
+    assert errors(nightly=entry(priority=101)) == [
+        (
+            "django_pgqueue.E208",
+            "schedule 'nightly' (PGQUEUE_SCHEDULES): priority 101 is not a whole number "
+            "between -100 and 100",
+        )
+    ]
+    assert [i for i, _ in errors(nightly=entry(priority="5"))] == ["django_pgqueue.E208"]
+    assert errors(nightly=entry(priority=-100)) == []
+
+
 def test_e207_malformed_declarations():
     assert [i for i, _ in errors(**{"has space": entry()})] == ["django_pgqueue.E207"]
     assert errors(nightly={"task": "tests.tasks.scheduled_probe", "cron": "@daily"}) == [

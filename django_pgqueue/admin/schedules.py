@@ -1,10 +1,13 @@
 """The Schedules page: each periodic schedule, when it fires, and what its last fire did.
 
-Rows are written by the workers (synced from code at start, advanced on each fire), so
-the page edits nothing. Its actions (pause, resume, run now) go through
-:mod:`django_pgqueue.features.scheduling`, are confirmed first, fenced in SQL (pausing an already
-paused schedule, or resuming one a sync changed meanwhile, does nothing; a "run now"
-confirmation submitted twice enqueues once), and logged per schedule.
+Schedules declared in code are written by the workers (synced at start, advanced on each
+fire): their page is read-only. Schedules created here (``source`` admin) have a form
+(:mod:`django_pgqueue.admin.schedule_form`, checked as the code's are) and can be
+deleted; both go through :mod:`django_pgqueue.features.scheduling` and the store, and
+take effect on every worker at its next scheduler pass (at most a second). The actions
+(pause, resume, run now) apply to both kinds: confirmed first, fenced in SQL (pausing an
+already paused schedule, or resuming one a sync changed meanwhile, does nothing; a "run
+now" confirmation submitted twice enqueues once), and logged per schedule.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from zoneinfo import ZoneInfo
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -33,9 +37,16 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from django_pgqueue.admin.formatting import age, exact, pretty_json, relative, status_badge
+from django_pgqueue.admin.schedule_form import AdminScheduleForm, database_of
 from django_pgqueue.features.periodic import fire_key
-from django_pgqueue.features.scheduling import pause, resume, run_now
-from django_pgqueue.models import Schedule
+from django_pgqueue.features.scheduling import (
+    delete_admin_schedules,
+    pause,
+    resume,
+    run_now,
+    save_admin_schedule,
+)
+from django_pgqueue.models import Schedule, ScheduleSource
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import DjangoRunner
 
@@ -50,6 +61,9 @@ else:  # ModelAdmin is generic for the type checker only
 
 #: Form field carrying the database time the "run now" confirmation was shown at.
 REQUESTED_AT = "requested_at"
+#: Set on a schedule the store refused to write (its name was taken, or it is not the
+#: admin's any more, since the form was checked): nothing is logged for it.
+_REFUSED = "_pgqueue_refused"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,49 +83,93 @@ class ScheduleAdmin(_ModelAdmin):
 
     # What fits 1280x800 with the sidebar open: the timetable and the state. The task,
     # queue, arguments, limits and downtime policy are on the schedule's page.
-    list_display = ("name", "description", "next_fire", "last_fire", "state", "task")
+    list_display = ("name", "description", "next_fire", "last_fire", "state", "source", "task")
     # No filter column: a project has a handful of schedules, and the search finds one.
     search_fields = ("name", "task_path")
     show_facets = admin.ShowFacets.NEVER
     ordering = ("name",)
     actions = ("pause_schedules", "resume_schedules", "run_schedules_now")
-    readonly_fields = (
-        "name",
-        "task_path",
-        "queue",
-        "priority",
-        "max_attempts",
-        "args",
-        "kwargs",
-        "expression",
-        "description",
-        "timezone",
-        "downtime",
-        "catch_up",
-        "limits",
-        "next_fire_at",
-        "last_fire_at",
-        "paused_at",
-        "created_at",
-        "updated_at",
-    )
-    exclude = ("timing", "concurrency_key", "concurrency_limit", "rate_limit", "rate_period")
+    # The form of the admin's own schedules (code schedules have a read-only page).
+    form = AdminScheduleForm
+    change_form_template = "django_pgqueue/admin/schedule_change_form.html"
 
     class Media:
         css: ClassVar[dict[str, tuple[str, ...]]] = {"all": ("django_pgqueue/admin/pgqueue.css",)}
 
     # ------------------------------------------------------------------ permissions
     def has_add_permission(self, request: HttpRequest) -> bool:
-        """Return False: schedules are declared in code."""
-        return False
+        """Allow creating schedules at run time (the add permission)."""
+        return super().has_add_permission(request)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Return False: a schedule removed from the code is removed at the next start."""
-        return False
+        """Allow deleting one admin schedule from its page, never a code one.
+
+        A schedule removed from the code is removed at the next worker start. No bulk
+        delete: the list selects schedules of both kinds.
+        """
+        return _is_admins(obj) and super().has_delete_permission(request, obj)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Allow the actions (change permission), never the edit form."""
-        return obj is None and super().has_change_permission(request)
+        """Allow the actions (change permission) and the form of the admin's schedules."""
+        if obj is not None and not _is_admins(obj):
+            return False
+        return super().has_change_permission(request, obj)
+
+    # ------------------------------------------------------------------ the form
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Return the form's sections; a saved schedule also shows when it fires."""
+        fieldsets: list[tuple[Any, dict[str, Any]]] = [
+            (None, {"fields": ("name", "task_path", "expression", "timezone")}),
+            (_("Jobs"), {"fields": ("args", "kwargs", "queue", "priority")}),
+            (_("After downtime"), {"fields": ("downtime", "catch_up")}),
+        ]
+        if obj is not None:
+            fieldsets.append((_("State"), {"fields": ("state", "next_fire", "last_fire")}))
+        return fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """Return the name (the key of its jobs) and the state of a saved schedule."""
+        return () if obj is None else ("name", "state", "next_fire", "last_fire")
+
+    def save_model(
+        self, request: HttpRequest, obj: Schedule, form: forms.Form, change: bool
+    ) -> None:
+        """Write the form's schedule through the store (never a code schedule)."""
+        declaration = getattr(form, "declaration", None)
+        assert declaration is not None  # a valid form built it
+        store = QueueStore(DjangoRunner(database_of(obj)))
+        if not save_admin_schedule(store, declaration, adding=not change):
+            setattr(obj, _REFUSED, True)
+            self.message_user(
+                request,
+                _(
+                    "Schedule %(name)s was not saved: another schedule took the name, or it "
+                    "is not one of the admin's any more."
+                )
+                % {"name": declaration.name},
+                messages.ERROR,
+            )
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        """Log the addition, unless the store refused it."""
+        if getattr(obj, _REFUSED, False):
+            return None
+        return super().log_addition(request, obj, message)
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        """Log the change, unless the store refused it."""
+        if getattr(obj, _REFUSED, False):
+            return None
+        return super().log_change(request, obj, message)
+
+    def delete_model(self, request: HttpRequest, obj: Schedule) -> None:
+        """Delete an admin schedule through the store (its jobs stay)."""
+        delete_admin_schedules(QueueStore(DjangoRunner(database_of(obj))), [obj.name])
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
+        """Delete the admin schedules among ``queryset`` through the store."""
+        names = list(queryset.values_list("name", flat=True))
+        delete_admin_schedules(QueueStore(DjangoRunner(queryset.db)), names)
 
     # ------------------------------------------------------------------ pages
     def changelist_view(
@@ -127,23 +185,33 @@ class ScheduleAdmin(_ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        """Render the schedule's read-only page, with its actions as buttons."""
-        if request.method not in {"GET", "HEAD"}:
-            raise PermissionDenied  # nothing here is edited in a form
-        if not self.has_view_or_change_permission(request):
-            raise PermissionDenied
+        """Render an admin schedule's form, or a code schedule's read-only page; both with
+        the actions as buttons."""
         schedule = self.get_object(request, unquote(object_id))
         changelist = reverse(
             "admin:django_pgqueue_schedule_changelist", current_app=self.admin_site.name
         )
+        if schedule is not None and self.has_change_permission(request, schedule):
+            context = {
+                "changelist_url": changelist,
+                "schedule_buttons": self._buttons(request, schedule),
+                "checkbox_name": ACTION_CHECKBOX_NAME,
+                **(extra_context or {}),
+            }
+            return super().change_view(request, object_id, form_url, context)
+        if request.method not in {"GET", "HEAD"}:
+            raise PermissionDenied  # a code schedule is not edited here
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
         if schedule is None:
             self.message_user(
                 request,
-                _("Schedule %(name)s is not declared any more.") % {"name": object_id},
+                _("Schedule %(name)s is gone (no longer declared, or deleted).")
+                % {"name": object_id},
                 messages.WARNING,
             )
             return HttpResponseRedirect(changelist)
-        actions = self.get_actions(request)
+        from_code = schedule.source == ScheduleSource.CODE
         context = {
             **self.admin_site.each_context(request),
             "title": _("Schedule %(name)s") % {"name": schedule.name},
@@ -167,6 +235,7 @@ class ScheduleAdmin(_ModelAdmin):
                     else "—",
                 ),
                 (_("state"), self.state(schedule)),
+                (_("declared in"), schedule.get_source_display()),
                 (_("task"), format_html("<code>{}</code>", schedule.task_path)),
                 (_("queue"), schedule.queue),
                 (_("priority"), schedule.priority),
@@ -179,23 +248,31 @@ class ScheduleAdmin(_ModelAdmin):
                 (_("limits"), self.limits(schedule)),
                 (_("after downtime"), self.downtime_display(schedule)),
                 (_("declared since"), _moment(schedule.created_at)),
-                (_("synced from the code"), _moment(schedule.updated_at)),
+                (
+                    _("synced from the code") if from_code else _("last edited"),
+                    _moment(schedule.updated_at),
+                ),
             ],
-            "buttons": [
-                (name, label)
-                for name, label in (
-                    ("pause_schedules", _("Pause…")),
-                    ("resume_schedules", _("Resume…")),
-                    ("run_schedules_now", _("Run now…")),
-                )
-                if name in actions
-                and (name != "pause_schedules" or schedule.paused_at is None)
-                and (name != "resume_schedules" or schedule.paused_at is not None)
-            ],
+            "buttons": self._buttons(request, schedule),
             "checkbox_name": ACTION_CHECKBOX_NAME,
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(request, "django_pgqueue/admin/schedule_detail.html", context)
+
+    def _buttons(self, request: HttpRequest, schedule: Schedule) -> list[tuple[str, Any]]:
+        # The actions that apply to the schedule in its state, as its page's buttons.
+        actions = self.get_actions(request)
+        return [
+            (name, label)
+            for name, label in (
+                ("pause_schedules", _("Pause…")),
+                ("resume_schedules", _("Resume…")),
+                ("run_schedules_now", _("Run now…")),
+            )
+            if name in actions
+            and (name != "pause_schedules" or schedule.paused_at is None)
+            and (name != "resume_schedules" or schedule.paused_at is not None)
+        ]
 
     # ------------------------------------------------------------------ columns
     @admin.display(description=_("task"), ordering="task_path")
@@ -376,6 +453,11 @@ class ScheduleAdmin(_ModelAdmin):
                 messages.WARNING,
             )
         return None
+
+
+def _is_admins(obj: Any) -> bool:
+    # A schedule created in the admin (None: no schedule, as for the list's actions).
+    return isinstance(obj, Schedule) and obj.source == ScheduleSource.ADMIN
 
 
 def _exact(moment: datetime, zone: str | None) -> str:

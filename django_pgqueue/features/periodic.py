@@ -8,7 +8,7 @@ Two ways to declare a schedule, which end up as the same :class:`PeriodicSchedul
   "schedule": "@daily", ...}`` (for tasks declared elsewhere, or per-deployment schedules).
 
 Nothing here touches the database. Declarations are checked by the system checks
-(E201-E207) and written to the schedule table when a worker starts
+(E201-E208) and written to the schedule table when a worker starts
 (:mod:`django_pgqueue.worker.scheduler`). The database decides which worker fires: every
 job of a schedule carries the idempotency key ``pgqueue:schedule:<name>:<fire time>``.
 """
@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo
 
 from django.conf import settings
 
-from django_pgqueue.compat import task_backends
+from django_pgqueue.compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, task_backends
 from django_pgqueue.conf import conf
 from django_pgqueue.exceptions import UnknownTask
 from django_pgqueue.features.cadence import Cadence, CadenceError, parse_cadence, zone
@@ -176,6 +176,20 @@ class PeriodicSchedule:
             json.dumps([list(self.args), dict(self.kwargs)])
         except (TypeError, ValueError) as error:
             found.append(("django_pgqueue.E207", f"args/kwargs are not JSON: {error}"))
+        # The job table's CHECK would refuse every fire (the task's own priority is
+        # checked when the task is declared).
+        if self.priority is not None and (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not TASK_MIN_PRIORITY <= self.priority <= TASK_MAX_PRIORITY
+        ):
+            found.append(
+                (
+                    "django_pgqueue.E208",
+                    f"priority {self.priority!r} is not a whole number between "
+                    f"{TASK_MIN_PRIORITY} and {TASK_MAX_PRIORITY}",
+                )
+            )
         return found
 
     def timing(self) -> str:

@@ -1,5 +1,11 @@
-"""Schedule operations on the database: sync from code, fire what is due, pause, resume,
-run now. The worker's scheduler and the admin call these; the SQL runs in the store.
+"""Schedule operations on the database: sync from code, the admin's own schedules (add,
+change, delete), fire what is due, pause, resume, run now. The worker's scheduler and the
+admin call these; the SQL runs in the store.
+
+A schedule declared in code and one created in the admin are the same declaration
+(:class:`PeriodicSchedule`), checked by the same rules and fired by the same statement;
+only who writes the row differs (``source``). The sync never changes or deletes an admin
+row, and the admin never edits or deletes a code row.
 
 Every time comparison uses the database clock (read in the same statement as the rows),
 so hosts with skewed clocks agree on what is due.
@@ -8,7 +14,7 @@ so hosts with skewed clocks agree on what is due.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +26,8 @@ from django_pgqueue.features.periodic import (
     fire_key,
     plan_fires,
     run_now_key,
+    schedule_backend_problem,
+    schedule_database,
     task_defaults,
     task_limits,
 )
@@ -29,11 +37,14 @@ from django_pgqueue.store.values import DueSchedule, ScheduleDefinition
 __all__ = [
     "FireReport",
     "SyncReport",
+    "admin_schedule_problems",
     "definition_of",
+    "delete_admin_schedules",
     "fire_due",
     "pause",
     "resume",
     "run_now",
+    "save_admin_schedule",
     "sync_schedules",
 ]
 
@@ -47,6 +58,8 @@ class SyncReport:
     added: tuple[str, ...] = ()
     changed: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    #: Declared in code, but an admin schedule has the name: not synced (the admin's stays).
+    conflicts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +120,10 @@ def sync_schedules(
     *,
     lock_timeout: float | None = None,
 ) -> SyncReport:
-    """Make the schedule table match ``schedules``: add, change, remove.
+    """Make the code's rows of the schedule table match ``schedules``: add, change, remove.
 
+    Admin schedules are left as they are. A declaration whose name an admin schedule has
+    is not written: it is logged as an error and returned in ``conflicts``.
     Call inside a transaction on ``store``'s connection: it takes the sync lock, so
     workers starting together sync one after the other. Raises
     :class:`InvalidSchedule` (changing nothing) if a declaration is invalid. With
@@ -127,8 +142,92 @@ def sync_schedules(
             added.append(definition.name)
         elif outcome == "changed":
             changed.append(definition.name)
-    removed = store.delete_undeclared_schedules([d.name for d, _ in definitions])
-    return SyncReport(tuple(added), tuple(changed), tuple(removed))
+    declared = [d.name for d, _ in definitions]
+    removed = store.delete_undeclared_schedules(declared)
+    # Read after the upserts, which skipped these rows: an admin schedule added meanwhile
+    # is reported too.
+    conflicts = store.admin_schedules_named(declared)
+    for name in conflicts:
+        logger.error(
+            "schedule %s is declared in code, but an admin schedule has that name: the "
+            "admin's is kept and the code's is not synced (rename one of them)",
+            name,
+        )
+    return SyncReport(tuple(added), tuple(changed), tuple(removed), tuple(conflicts))
+
+
+#: The field of a declaration each check is about. The admin's form checks the JSON of
+#: the arguments and the downtime choice itself, so there E205 is about ``catch_up`` and
+#: E207 about the name.
+_PROBLEM_FIELDS = {
+    "django_pgqueue.E201": "expression",
+    "django_pgqueue.E202": "timezone",
+    "django_pgqueue.E203": "task_path",
+    "django_pgqueue.E204": "queue_name",
+    "django_pgqueue.E205": "catch_up",
+    "django_pgqueue.E206": "expression",
+    "django_pgqueue.E207": "name",
+    "django_pgqueue.E208": "priority",
+}
+
+
+def admin_schedule_problems(
+    schedule: PeriodicSchedule, *, alias: str, declared: Collection[str]
+) -> list[tuple[str, str]]:
+    """Return ``(field, message)`` for what keeps ``schedule`` from being saved in the admin.
+
+    ``field`` names an attribute of :class:`PeriodicSchedule`. The rules are the system
+    checks' (E201-E208) and the sync's (:func:`definition_of`), plus: the name is not one
+    of ``declared`` (the code's names), and the task's jobs go to database ``alias``,
+    whose workers fire the schedule. Imports the task.
+    """
+    found = [(_PROBLEM_FIELDS[check_id], message) for check_id, message in schedule.problems()]
+    if schedule.name in declared:
+        found.append(("name", f"{schedule.name!r} is declared in code; choose another name"))
+    backend = schedule_backend_problem(schedule)
+    if backend is not None:
+        check_id, message = backend
+        found.append((_PROBLEM_FIELDS[check_id], message))
+    elif schedule_database(schedule) != alias:
+        found.append(
+            (
+                "task_path",
+                f"the jobs of {schedule.task_path} go to database "
+                f"{schedule_database(schedule)!r}; these are the schedules of {alias!r}",
+            )
+        )
+    if not found:
+        try:
+            definition_of(schedule)
+        except InvalidSchedule as error:
+            # "task": it cannot be imported; "limits": its flow limits are invalid.
+            found.append(("task_path", str(error)))
+    return found
+
+
+def save_admin_schedule(store: QueueStore, schedule: PeriodicSchedule, *, adding: bool) -> bool:
+    """Create (``adding``) or rewrite an admin schedule; return whether it did.
+
+    A new schedule, or one whose expression or timezone changed, fires next at the
+    first fire time after the database clock; any other change keeps the next fire and
+    applies from it. Never writes a code schedule: False if the name is taken (adding)
+    or is not an admin schedule's (changing). Raises :class:`InvalidSchedule` if the
+    declaration is invalid (check :func:`admin_schedule_problems` first).
+    """
+    definition = definition_of(schedule)
+    next_fire_at = schedule.cadence.next_after(store.database_now(), schedule.zone)
+    if adding:
+        return store.add_admin_schedule(definition, next_fire_at=next_fire_at)
+    return store.change_admin_schedule(definition, next_fire_at=next_fire_at)
+
+
+def delete_admin_schedules(store: QueueStore, names: Sequence[str]) -> list[str]:
+    """Delete the admin schedules among ``names``; return the names it deleted.
+
+    Their jobs stay, and their fire keys keep a schedule re-created under the same name
+    from firing a time twice. Code schedules among ``names`` are left.
+    """
+    return store.delete_admin_schedules(names)
 
 
 def fire_due(store: QueueStore, *, limit: int = 100) -> FireReport:

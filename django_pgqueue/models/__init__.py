@@ -14,7 +14,7 @@ from django_pgqueue.models.flow import (  # isort: skip
     PartitionSignal,
 )
 from django_pgqueue.models.workers import QueueStat, Worker  # isort: skip
-from django_pgqueue.models.schedules import Schedule  # isort: skip
+from django_pgqueue.models.schedules import Schedule, ScheduleSource  # isort: skip
 from django_pgqueue.models.pauses import QueuePause  # isort: skip
 from django_pgqueue.models.sqlapi import SqlSettings  # isort: skip
 
@@ -36,6 +36,7 @@ __all__ = [
     "QueuePause",
     "QueueStat",
     "Schedule",
+    "ScheduleSource",
     "SqlSettings",
     "Worker",
 ]

@@ -16,13 +16,24 @@ from django_pgqueue.limits import (
 from django_pgqueue.models.base import no_comment_warnings
 
 
+class ScheduleSource(models.TextChoices):
+    """Where a schedule is declared, which says who may write its row."""
+
+    #: ``@periodic`` or ``PGQUEUE_SCHEDULES``: workers sync it at start; read-only in the admin.
+    CODE = "code", _("Code")
+    #: Created in the admin at run time: edited and deleted there, never by a sync.
+    ADMIN = "admin", _("Admin")
+
+
 @no_comment_warnings
 class Schedule(models.Model):
-    """A periodic schedule as the workers fire it: written from the code at worker start.
+    """A periodic schedule as the workers fire it: declared in code or in the admin.
 
-    Workers sync the rows with the declarations (``@periodic``, ``PGQUEUE_SCHEDULES``)
-    when they start; the admin only pauses, resumes and runs them. Firing advances
-    ``next_fire_at`` in the same statement that inserts the job (sql/schedules.sql).
+    Workers sync the code's rows with the declarations (``@periodic``,
+    ``PGQUEUE_SCHEDULES``) when they start; the admin pauses, resumes and runs every
+    schedule, and creates, edits and deletes its own (``source`` says which). Firing
+    reads the table on every pass and advances ``next_fire_at`` in the same statement
+    that inserts the job (sql/schedules.sql).
     """
 
     name = models.CharField(_("name"), primary_key=True, max_length=SCHEDULE_NAME_MAX_LENGTH)
@@ -51,6 +62,17 @@ class Schedule(models.Model):
     rate_period = models.FloatField(
         _("rate period"), null=True, blank=True, db_comment="Seconds of the rate limit's period."
     )
+    # A trigger of migration 0018 keeps admin rows from any DELETE that does not set
+    # django_pgqueue.delete_admin_schedule (a previous release's sync deletes every
+    # undeclared name).
+    source = models.CharField(
+        _("source"),
+        max_length=8,
+        choices=ScheduleSource.choices,
+        db_default=ScheduleSource.CODE,
+        db_comment="Where the schedule is declared: code (synced by workers at start) or "
+        "admin (created and edited in the admin; a sync never changes or deletes it).",
+    )
     timing = models.CharField(
         max_length=32,
         db_comment="Fingerprint of expression and timezone: a change moves next_fire_at.",
@@ -63,7 +85,10 @@ class Schedule(models.Model):
 
     class Meta:
         db_table = "django_pgqueue_schedule"
-        db_table_comment = "django-pgqueue periodic schedules; synced from code by workers."
+        db_table_comment = (
+            "django-pgqueue periodic schedules; synced from code by workers, or edited in "
+            "the admin."
+        )
         verbose_name = _("schedule")
         verbose_name_plural = _("schedules")
         ordering = ("name",)
@@ -79,6 +104,10 @@ class Schedule(models.Model):
             models.CheckConstraint(
                 condition=Q(downtime__in=["latest", "skip", "catch_up"]),
                 name="pgq_schedule_downtime_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(source__in=ScheduleSource.values),
+                name="pgq_schedule_source_valid",
             ),
         )
 

@@ -1,5 +1,10 @@
 -- Periodic schedules: syncing them from code, firing them, and the operator's actions.
 --
+-- A row is the code's (source 'code': written only by the workers' sync) or the admin's
+-- (source 'admin': created, edited and deleted in the admin at run time). Neither writer
+-- touches the other's rows: every sync statement and every admin edit says which source
+-- it writes. Firing, pausing, resuming and "run now" treat both alike.
+--
 -- Exactly one job per fire time, however many workers fire: fire_schedule advances the
 -- schedule row only if next_fire_at still holds the value the worker planned from (a
 -- second worker's UPDATE waits for the first one's row lock, re-reads the row, and no
@@ -32,18 +37,20 @@ SELECT statement_timestamp() AS database_now
 -- expression or timezone (timing) moves next_fire_at to the caller's value (the first
 -- fire after now); anything else keeps it, so an unchanged schedule that was due while
 -- the workers were down still gets its downtime policy. paused_at and last_fire_at are
--- the operator's and the history's: never overwritten. Returns a row only when something
--- was added or changed; added is true for a new row (xmax is 0 for a fresh insert).
+-- the operator's and the history's: never overwritten. An admin schedule of the same
+-- name is never overwritten either (the WHERE's source test: the caller reports the name
+-- as a conflict). Returns a row only when something was added or changed; added is true
+-- for a new row (xmax is 0 for a fresh insert).
 INSERT INTO django_pgqueue_schedule AS schedule (
     name, task_path, queue, priority, max_attempts, args, kwargs, expression, description,
     timezone, downtime, catch_up, concurrency_key, concurrency_limit, rate_limit, rate_period,
-    timing, next_fire_at, last_fire_at, paused_at, created_at, updated_at
+    timing, next_fire_at, last_fire_at, paused_at, created_at, updated_at, source
 )
 VALUES (
     %(schedule_name)s, %(task_path)s, %(queue)s, %(priority)s, %(max_attempts)s, %(args)s::jsonb,
     %(kwargs)s::jsonb, %(expression)s, %(description)s, %(timezone)s, %(downtime)s,
     %(catch_up)s, %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s,
-    %(timing)s, %(next_fire_at)s, NULL, NULL, now(), now()
+    %(timing)s, %(next_fire_at)s, NULL, NULL, now(), now(), 'code'
 )
 ON CONFLICT (name) DO UPDATE SET
     task_path = EXCLUDED.task_path,
@@ -67,7 +74,7 @@ ON CONFLICT (name) DO UPDATE SET
         ELSE EXCLUDED.next_fire_at
     END,
     updated_at = now()
-WHERE (
+WHERE schedule.source = 'code' AND (
     schedule.task_path, schedule.queue, schedule.priority, schedule.max_attempts,
     schedule.args, schedule.kwargs, schedule.expression, schedule.description,
     schedule.timezone, schedule.downtime, schedule.catch_up, schedule.concurrency_key,
@@ -82,10 +89,90 @@ RETURNING schedule.name, (schedule.xmax = 0) AS added
 
 
 -- name: delete_undeclared_schedules
--- Remove the schedules no longer declared in code (their jobs stay). Sequential scan of
--- a table of a few rows.
+-- Remove the code's schedules no longer declared (their jobs stay); the admin's are not
+-- the code's to remove. Sequential scan of a table of a few rows.
 DELETE FROM django_pgqueue_schedule AS schedule
 WHERE NOT (schedule.name = ANY (%(names)s::text[]))
+  AND schedule.source = 'code'
+RETURNING schedule.name
+
+
+-- name: admin_schedules_named
+-- Which of the names the code declares belong to admin schedules: the sync skipped them
+-- (upsert_schedule never overwrites one) and reports them. Primary key lookups.
+SELECT schedule.name
+FROM django_pgqueue_schedule AS schedule
+WHERE schedule.name = ANY (%(names)s::text[])
+  AND schedule.source = 'admin'
+
+
+-- name: add_admin_schedule
+-- Create a schedule from the admin, first fire at the caller's next_fire_at (the first
+-- after the database clock). A name already taken, by the code or the admin, inserts
+-- nothing and returns no row.
+INSERT INTO django_pgqueue_schedule AS schedule (
+    name, task_path, queue, priority, max_attempts, args, kwargs, expression, description,
+    timezone, downtime, catch_up, concurrency_key, concurrency_limit, rate_limit, rate_period,
+    timing, next_fire_at, last_fire_at, paused_at, created_at, updated_at, source
+)
+VALUES (
+    %(schedule_name)s, %(task_path)s, %(queue)s, %(priority)s, %(max_attempts)s, %(args)s::jsonb,
+    %(kwargs)s::jsonb, %(expression)s, %(description)s, %(timezone)s, %(downtime)s,
+    %(catch_up)s, %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s, %(rate_period)s,
+    %(timing)s, %(next_fire_at)s, NULL, NULL, now(), now(), 'admin'
+)
+ON CONFLICT (name) DO NOTHING
+RETURNING schedule.name
+
+
+-- name: change_admin_schedule
+-- Edit an admin schedule; never a code one (the source test). As for a sync, a changed
+-- expression or timezone (timing) moves next_fire_at to the caller's value, and any other
+-- edit keeps it. A worker that read the old timing and fires now matches nothing
+-- (fire_schedule fences on next_fire_at and timing); one that fires with the same timing
+-- inserts the edited arguments and queue (its UPDATE returns the row as it is now).
+-- paused_at and last_fire_at stay. Primary key lookup.
+UPDATE django_pgqueue_schedule AS schedule
+SET task_path = %(task_path)s,
+    queue = %(queue)s,
+    priority = %(priority)s,
+    max_attempts = %(max_attempts)s,
+    args = %(args)s::jsonb,
+    kwargs = %(kwargs)s::jsonb,
+    expression = %(expression)s,
+    description = %(description)s,
+    timezone = %(timezone)s,
+    downtime = %(downtime)s,
+    catch_up = %(catch_up)s,
+    concurrency_key = %(concurrency_key)s,
+    concurrency_limit = %(concurrency_limit)s,
+    rate_limit = %(rate_limit)s,
+    rate_period = %(rate_period)s,
+    next_fire_at = CASE
+        WHEN schedule.timing = %(timing)s THEN schedule.next_fire_at
+        ELSE %(next_fire_at)s
+    END,
+    timing = %(timing)s,
+    updated_at = now()
+WHERE schedule.name = %(schedule_name)s
+  AND schedule.source = 'admin'
+RETURNING schedule.name
+
+
+-- name: delete_admin_schedules
+-- Delete admin schedules (never a code one; their jobs stay). Migration 0018's trigger
+-- skips the delete of an admin row unless the transaction set
+-- django_pgqueue.delete_admin_schedule to on: the MATERIALIZED CTE sets it (locally, so
+-- it ends with this statement's transaction) and the join makes it run before any row
+-- reaches the DELETE and its trigger. Primary key lookups.
+WITH allowed AS MATERIALIZED (
+    SELECT set_config('django_pgqueue.delete_admin_schedule', 'on', true) AS setting
+)
+DELETE FROM django_pgqueue_schedule AS schedule
+USING allowed
+WHERE schedule.name = ANY (%(names)s::text[])
+  AND schedule.source = 'admin'
+  AND allowed.setting = 'on'
 RETURNING schedule.name
 
 

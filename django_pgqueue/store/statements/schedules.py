@@ -1,6 +1,7 @@
 """Periodic schedules.
 
-``schedules.sql`` (sync from code, fire exactly once, pause, resume, run now).
+``schedules.sql`` (sync from code, the admin's own schedules, fire exactly once, pause,
+resume, run now).
 """
 
 from __future__ import annotations
@@ -40,20 +41,49 @@ class ScheduleStatements(StoreBase):
     def upsert_schedule(self, definition: ScheduleDefinition, *, next_fire_at: datetime) -> str:
         """Write one declared schedule; return ``"added"``, ``"changed"`` or ``""``.
 
-        ``next_fire_at`` applies to a new schedule or one whose timing changed.
+        ``next_fire_at`` applies to a new schedule or one whose timing changed. An admin
+        schedule of the same name is left as it is (``""``).
         """
-        values = {name: getattr(definition, name) for name in definition.__dataclass_fields__}
-        values["schedule_name"] = values.pop("name")
-        values["args"] = json.dumps(definition.args)
-        values["kwargs"] = json.dumps(definition.kwargs)
-        rows = self._run("upsert_schedule", next_fire_at=next_fire_at, **values).rows
+        rows = self._run("upsert_schedule", **_row_values(definition, next_fire_at)).rows
         if not rows:
             return ""
         return "added" if rows[0][1] else "changed"
 
     def delete_undeclared_schedules(self, declared: Sequence[str]) -> list[str]:
-        """Delete the schedules not in ``declared``; return their names."""
+        """Delete the code's schedules not in ``declared``; return their names."""
         rows = self._run("delete_undeclared_schedules", names=list(declared)).rows
+        return sorted(row[0] for row in rows)
+
+    def admin_schedules_named(self, names: Sequence[str]) -> list[str]:
+        """Return the names among ``names`` that belong to admin schedules."""
+        rows = self._run("admin_schedules_named", names=list(names)).rows
+        return sorted(row[0] for row in rows)
+
+    def add_admin_schedule(self, definition: ScheduleDefinition, *, next_fire_at: datetime) -> bool:
+        """Create an admin schedule first firing at ``next_fire_at``; return whether it did.
+
+        False: the name is taken (by the code or the admin), and nothing was written.
+        """
+        rows = self._run("add_admin_schedule", **_row_values(definition, next_fire_at)).rows
+        return bool(rows)
+
+    def change_admin_schedule(
+        self, definition: ScheduleDefinition, *, next_fire_at: datetime
+    ) -> bool:
+        """Rewrite an admin schedule from ``definition``; return whether one was there.
+
+        ``next_fire_at`` applies only if the timing changed. A code schedule of that name
+        is left as it is (False).
+        """
+        rows = self._run("change_admin_schedule", **_row_values(definition, next_fire_at)).rows
+        return bool(rows)
+
+    def delete_admin_schedules(self, names: Sequence[str]) -> list[str]:
+        """Delete the admin schedules among ``names``; return the names it deleted.
+
+        Code schedules among them are left (the workers' sync owns them).
+        """
+        rows = self._run("delete_admin_schedules", names=list(names)).rows
         return sorted(row[0] for row in rows)
 
     def due_schedules(self, *, limit: int = 100) -> list[DueSchedule]:
@@ -126,3 +156,13 @@ class ScheduleStatements(StoreBase):
         """Return ``(job id, status)`` of the jobs holding ``keys``, by key."""
         rows = self._run("jobs_by_keys", keys=list(keys)).rows
         return {row[0]: (row[1], row[2]) for row in rows}
+
+
+def _row_values(definition: ScheduleDefinition, next_fire_at: datetime) -> dict[str, object]:
+    # The parameters of a statement that writes a whole schedule row.
+    values = {name: getattr(definition, name) for name in definition.__dataclass_fields__}
+    values["schedule_name"] = values.pop("name")
+    values["args"] = json.dumps(definition.args)
+    values["kwargs"] = json.dumps(definition.kwargs)
+    values["next_fire_at"] = next_fire_at
+    return values
