@@ -97,6 +97,31 @@ def test_adding_a_schedule_writes_an_admin_row_that_fires_from_the_next_time(cli
     assert "Admin" in listed
 
 
+def test_a_name_taken_between_the_check_and_the_save_is_refused_alone(client, monkeypatch):
+    # The race: the form was checked, then a worker's sync wrote a code schedule of the
+    # same name before the admin's statement ran. The store refuses; the page says so
+    # once, with no "added successfully" beside it, and nothing is logged.
+    from django_pgqueue.admin.schedule_form import AdminScheduleForm
+
+    checked = AdminScheduleForm._post_clean  # the last check: the model's, names included
+
+    def checked_then_race(self):
+        checked(self)
+        with transaction.atomic():
+            sync_schedules(Job.objects.store(), [schedule("digest", "0 2 * * *")])
+
+    monkeypatch.setattr(AdminScheduleForm, "_post_clean", checked_then_race)
+    login(client, superuser=True)
+    response = client.post(ADD, form())
+    assert response.status_code == 302
+    assert response.url == PAGE
+    notes = messages_of(response)
+    assert any("was not saved" in note for note in notes), notes
+    assert not any("successfully" in note for note in notes), notes
+    assert Schedule.objects.get(name="digest").source == ScheduleSource.CODE
+    assert logged("digest") == []
+
+
 @pytest.mark.parametrize(
     ("overrides", "field", "message"),
     [

@@ -150,6 +150,28 @@ class ScheduleAdmin(_ModelAdmin):
                 messages.ERROR,
             )
 
+    def response_add(
+        self, request: HttpRequest, obj: Any, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """Go back to the list without Django's "added successfully" if the store refused."""
+        if getattr(obj, _REFUSED, False):
+            return HttpResponseRedirect(
+                reverse(
+                    "admin:django_pgqueue_schedule_changelist", current_app=self.admin_site.name
+                )
+            )
+        return super().response_add(request, obj, post_url_continue)
+
+    def response_change(self, request: HttpRequest, obj: Any) -> HttpResponse:
+        """Go back to the list without Django's "changed successfully" if the store refused."""
+        if getattr(obj, _REFUSED, False):
+            return HttpResponseRedirect(
+                reverse(
+                    "admin:django_pgqueue_schedule_changelist", current_app=self.admin_site.name
+                )
+            )
+        return super().response_change(request, obj)
+
     def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
         """Log the addition, unless the store refused it."""
         if getattr(obj, _REFUSED, False):
