@@ -151,6 +151,30 @@ def test_a_single_process_exits_with_code_3_for_its_process_manager(workers, obs
     )
 
 
+def test_under_reload_the_stuck_child_is_replaced_and_the_command_runs_on(workers, observer):
+    job = Job.objects.enqueue("tests.tasks.ledger_stuck", kwargs={"seconds": 120})
+    worker = workers(
+        "--reload", "--poll-interval", "0.1", settings={**FAST, "STUCK_HANDLER_GRACE_SECONDS": 1}
+    )
+    (first,) = wait_for(
+        lambda: [e for e in ledger.entries(observer, job.pk) if e["event"] == "start"],
+        timeout=30,
+        message=f"the job to start\n{worker.output()}",
+    )
+    # A fresh child (another pid) retries the job once the stuck one's lease ran out.
+    retried = wait_for(
+        lambda: [
+            e for e in ledger.entries(observer, job.pk) if e["attempt"] == 2 and e["event"] == "end"
+        ],
+        timeout=60,
+        message=f"the retry in a new child\n{worker.output()}",
+    )
+    assert retried[0]["worker_pid"] != first["worker_pid"]
+    assert not _alive(first["worker_pid"])
+    assert "replacing the worker's process to free a stuck handler" in worker.output()
+    assert worker.process.poll() is None  # the command itself runs on
+
+
 def test_a_cancelled_handler_that_never_returns_is_replaced_and_ends_cancelled(workers, observer):
     job = Job.objects.enqueue("tests.tasks.ledger_sleep_through", kwargs={"seconds": 120})
     worker = workers("--poll-interval", "0.1", settings={**FAST, "STUCK_HANDLER_GRACE_SECONDS": 2})

@@ -35,6 +35,7 @@ from typing import Any
 
 from django.utils import autoreload
 
+from django_pgqueue.worker.leases import EXIT_STUCK
 from django_pgqueue.worker.loop import Worker
 from django_pgqueue.worker.options import WorkerOptions
 from django_pgqueue.worker.stopsignal import SignalRelay
@@ -113,6 +114,11 @@ def _run_child(options: WorkerOptions, prepare: Callable[[], None]) -> None:
             reloading.drain()
         raise
     reloading.drain()  # Ctrl-C ended the reloader (or the worker finished)
+    if reloading.replace:
+        # Django's parent starts a fresh child on this code; the stuck thread (a daemon)
+        # ends with this process.
+        logger.warning("replacing the worker's process to free a stuck handler")
+        sys.exit(RESTART_CODE)
 
 
 class _ReloadingWorker:
@@ -130,6 +136,8 @@ class _ReloadingWorker:
         self.failed = False
         self._lock = threading.Lock()
         self._stop_requested = False
+        #: The worker drained to free a stuck handler's thread: the child exits for a new one.
+        self.replace = False
 
     def run(self) -> None:
         """Run the worker in this (non-main) thread; stop the reloader once it returns."""
@@ -139,7 +147,10 @@ class _ReloadingWorker:
         autoreload.file_changed.connect(self._file_changed, weak=False)
         try:
             self.prepare()
-            self.worker.run()
+            if self.worker.run() == EXIT_STUCK:
+                # A handler stuck past its grace: this child exits for a fresh one, as a
+                # supervisor replaces its process (see _run_child).
+                self.replace = True
         except Exception as error:
             # Django's reloader records the file of the error and keeps watching it (the
             # exception goes on to it), so fixing the file restarts the worker.
