@@ -224,3 +224,30 @@ def test_0018_marks_existing_schedules_as_code_and_guards_admin_ones(scratch_dat
         ).fetchone() == (None,)
         # Without the trigger, the former admin row is an ordinary one.
         assert conn.execute("DELETE FROM django_pgqueue_schedule").rowcount == 1
+
+
+@pytest.mark.parametrize(
+    ("before", "migration", "column"),
+    [("0006", "0007", "traceparent"), ("0015", "0016", "snoozes")],
+)
+def test_a_job_column_migration_gives_up_on_a_held_lock_and_succeeds_when_run_again(
+    scratch_database, before, migration, column
+):
+    _manage(scratch_database, "migrate", "django_pgqueue", before, "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        # A long transaction that read the job table: ADD COLUMN would queue behind it,
+        # and every claim and enqueue behind ADD COLUMN.
+        conn.execute("BEGIN")
+        conn.execute("SELECT count(*) FROM django_pgqueue_job")
+        with pytest.raises(subprocess.CalledProcessError) as failed:
+            _manage(scratch_database, "migrate", "django_pgqueue", migration, "--noinput")
+        assert b"lock timeout" in failed.value.stderr
+        conn.execute("ROLLBACK")
+        exists = (
+            "SELECT count(*) FROM information_schema.columns "
+            "WHERE table_name = 'django_pgqueue_job' AND column_name = %s"
+        )
+        assert conn.execute(exists, [column]).fetchone() == (0,)  # nothing half done
+    _manage(scratch_database, "migrate", "django_pgqueue", migration, "--noinput")
+    with psycopg.connect(scratch_database, autocommit=True) as conn:
+        assert conn.execute(exists, [column]).fetchone() == (1,)

@@ -6,9 +6,17 @@ Workers of the previous release never snooze and ignore the column; their produc
 rows get the default. The comment on ``errors`` changes with plain ``COMMENT ON``:
 Django's AlterField would also run ``ALTER COLUMN ... TYPE jsonb``, which takes the
 table's ACCESS EXCLUSIVE lock for a no-op.
+
+The lock is waited for at most five seconds (SET LOCAL lock_timeout, this migration's
+transaction only): queued behind a long transaction on the job table, it would stop
+every claim and enqueue meanwhile. Past it the migration fails, changes nothing, and can
+be run again.
 """
 
 from django.db import migrations, models
+
+#: The longest this migration waits for the job table's lock.
+LOCK_TIMEOUT = "SET LOCAL lock_timeout = '5s'"
 
 ERRORS_COMMENT = (
     "One object per failed attempt (class, message, traceback, worker, at) "
@@ -21,6 +29,7 @@ class Migration(migrations.Migration):
     dependencies = [("django_pgqueue", "0015_composition")]
 
     operations = [
+        migrations.RunSQL(sql=LOCK_TIMEOUT, reverse_sql=migrations.RunSQL.noop),
         migrations.AddField(
             model_name="job",
             name="snoozes",
@@ -46,4 +55,6 @@ class Migration(migrations.Migration):
                 ),
             ],
         ),
+        # Reversed first: the same bound on the lock wait when migrating back.
+        migrations.RunSQL(sql=migrations.RunSQL.noop, reverse_sql=LOCK_TIMEOUT),
     ]
