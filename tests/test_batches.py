@@ -376,3 +376,69 @@ def test_partitions_and_limits_hold_inside_batches(workers, observer):
     # The partition's jobs ran in order.
     order = [e["job_id"] for e in ledger.entries(observer) if e["job_id"] in p_ids]
     assert order == sorted(p_ids)
+
+
+def test_a_job_whose_lease_is_lost_mid_batch_keeps_what_its_new_holder_does(
+    workers, observer, tmp_path: Path
+):
+    release = str(tmp_path / "release")
+    results = [tasks.held_batch.enqueue(release=release, n=n) for n in range(4)]
+    ids = [int(r.id) for r in results]
+    worker = workers("--concurrency", "1", settings=FAST)
+    wait_for(
+        lambda: len([e for e in ledger.entries(observer) if e["job_id"] in ids]) == 4,
+        timeout=60,
+        message="the batch to start",
+    )
+    victim = ids[2]
+    # Another holder takes the job over (as after an expiry and a reap, then a claim by
+    # another worker): a new lease generation the batch's worker does not hold.
+    observer.execute(
+        "UPDATE django_pgqueue_job SET lease_generation = lease_generation + 1, "
+        "claimed_by = 'someone-else' WHERE id = %s",
+        [victim],
+    )
+    taken_over = Job.objects.get(pk=victim)
+    Path(release).touch()
+    wait_for(
+        lambda: Job.objects.filter(pk__in=ids, status="succeeded").count() == 3,
+        timeout=30,
+        message=f"the batch's other jobs to finish\n{worker.output()}",
+    )
+    # The batch's outcome for the victim was refused: the row is as its new holder has it.
+    row = Job.objects.get(pk=victim)
+    assert (row.status, row.claimed_by, row.lease_generation) == (
+        "processing",
+        "someone-else",
+        taken_over.lease_generation,
+    )
+    assert row.result is None
+    worker.stop()
+
+
+def test_a_graceful_stop_waits_for_the_whole_batch_and_records_every_job(
+    workers, observer, tmp_path: Path
+):
+    import signal
+
+    release = str(tmp_path / "release")
+    results = [tasks.held_batch.enqueue(release=release, n=n) for n in range(5)]
+    ids = [int(r.id) for r in results]
+    worker = workers("--concurrency", "1", "--grace-seconds", "30")
+    wait_for(
+        lambda: len([e for e in ledger.entries(observer) if e["job_id"] in ids]) == 5,
+        timeout=60,
+        message="the batch to start",
+    )
+    worker.process.send_signal(signal.SIGTERM)
+    from django_pgqueue.models import Worker
+
+    wait_for(
+        lambda: Worker.objects.filter(pid=worker.pid, status="draining").exists(),
+        timeout=10,
+        message=f"the worker to begin its shutdown\n{worker.output()}",
+    )
+    Path(release).touch()
+    assert worker.wait(40) == 0, worker.output()
+    rows = Job.objects.filter(pk__in=ids)
+    assert {(r.status, r.attempts) for r in rows} == {("succeeded", 1)}
