@@ -94,6 +94,8 @@ SETTING_CHECK_IDS = {
     "MAX_SNOOZES": "django_pgqueue.E127",
     "MIDDLEWARE": "django_pgqueue.E128",
     "STUCK_HANDLER_GRACE_SECONDS": "django_pgqueue.E130",
+    "HISTORY_PERIOD": "django_pgqueue.E131",
+    "HISTORY_PREMAKE": "django_pgqueue.E132",
 }
 
 

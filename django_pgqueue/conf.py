@@ -15,7 +15,7 @@ from typing import Final
 from django.conf import settings
 
 from django_pgqueue.exceptions import ConfigurationError, InvalidOption
-from django_pgqueue.limits import MAX_SNOOZES_LIMIT, parse_rate
+from django_pgqueue.limits import HISTORY_PERIODS, MAX_SNOOZES_LIMIT, parse_rate
 
 __all__ = ["SETTINGS", "Settings", "conf"]
 
@@ -86,6 +86,17 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "Age after which dead letters are deleted (None keeps them for an operator).",
     ),
     SettingSpec("PRUNE_BATCH_SIZE", 5000, "Rows deleted per housekeeping pass."),
+    SettingSpec(
+        "HISTORY_PERIOD",
+        "day",
+        "Time one partition of the job history covers: hour, day or week (retention drops "
+        "whole partitions, so a job is kept up to one period past its retention).",
+    ),
+    SettingSpec(
+        "HISTORY_PREMAKE",
+        2,
+        "History partitions housekeeping keeps made ahead of the current one.",
+    ),
     SettingSpec(
         "UNKNOWN_TASK_TIMEOUT_SECONDS",
         3600.0,
@@ -266,6 +277,22 @@ class Settings:
     def PRUNE_BATCH_SIZE(self) -> int:  # noqa: N802
         """Rows deleted per housekeeping pass."""
         return self._int("PRUNE_BATCH_SIZE", minimum=1, maximum=1_000_000)
+
+    @property
+    def HISTORY_PERIOD(self) -> str:  # noqa: N802
+        """Time one history partition covers: ``"hour"``, ``"day"`` or ``"week"``."""
+        value = self._raw("HISTORY_PERIOD")
+        if value not in HISTORY_PERIODS:
+            choices = ", ".join(repr(period) for period in HISTORY_PERIODS)
+            raise ConfigurationError(
+                f"PGQUEUE_HISTORY_PERIOD must be one of {choices}, not {value!r}"
+            )
+        return str(value)
+
+    @property
+    def HISTORY_PREMAKE(self) -> int:  # noqa: N802
+        """History partitions kept made ahead of the current one."""
+        return self._int("HISTORY_PREMAKE", minimum=1, maximum=366)
 
     @property
     def UNKNOWN_TASK_TIMEOUT_SECONDS(self) -> float:  # noqa: N802

@@ -69,3 +69,7 @@ def parse_rate(name: str, value: object) -> Rate:
     if period <= 0:
         raise InvalidOption(name, f"{value!r}: the period must be longer than 0")
     return Rate(limit, period)
+
+
+#: The lengths a history partition can have (PGQUEUE_HISTORY_PERIOD): date_trunc units.
+HISTORY_PERIODS = ("hour", "day", "week")

@@ -115,6 +115,7 @@ SERVER_SIDE = frozenset(
         "test_fencing.py",
         "test_flow_state_claim_cost.py",
         "test_flow_combinations.py",
+        "test_history.py",
         "test_housekeeping.py",
         "test_indexes.py",
         "test_invariants.py",

@@ -17,6 +17,7 @@ from django_pgqueue.models.workers import QueueStat, Worker  # isort: skip
 from django_pgqueue.models.schedules import Schedule, ScheduleSource  # isort: skip
 from django_pgqueue.models.pauses import QueuePause  # isort: skip
 from django_pgqueue.models.sqlapi import SqlSettings  # isort: skip
+from django_pgqueue.models.history import HistoryClass  # isort: skip
 
 # isort: split
 from django_pgqueue.models.base import BrinIndex
@@ -28,6 +29,7 @@ __all__ = [
     "ConcurrencySignal",
     "DeadLetter",
     "Dependency",
+    "HistoryClass",
     "Job",
     "JobManager",
     "Lag",

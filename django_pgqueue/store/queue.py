@@ -25,6 +25,7 @@ from django_pgqueue.store.statements.dependencies import DependencyStatements
 from django_pgqueue.store.statements.enqueue import EnqueueStatements
 from django_pgqueue.store.statements.flow import FlowStatements
 from django_pgqueue.store.statements.health import HealthStatements
+from django_pgqueue.store.statements.history import HistoryStatements
 from django_pgqueue.store.statements.lease import LeaseStatements
 from django_pgqueue.store.statements.maintenance import MaintenanceStatements
 from django_pgqueue.store.statements.metrics import MetricsStatements
@@ -50,6 +51,7 @@ class QueueStore(
     OperatorStatements,
     DependencyStatements,
     MaintenanceStatements,
+    HistoryStatements,
     AdminStatements,
     MetricsStatements,
     HealthStatements,

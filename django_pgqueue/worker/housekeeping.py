@@ -27,6 +27,7 @@ from django_pgqueue.store.queue import LAZY_FOLD_BATCH, QueueStore
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ReapedJob
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
+from django_pgqueue.worker.history import maintain_history, prune_history
 
 __all__ = ["Housekeeper", "HousekeepingReport", "PartitionRepair", "run_pass"]
 
@@ -51,6 +52,8 @@ class HousekeepingReport:
     workers_marked_dead: int = 0
     pruned: int = 0
     partitions_repaired: int = 0
+    history_partitions_made: int = 0
+    history_partitions_dropped: int = 0
 
     @property
     def more_to_do(self) -> bool:
@@ -144,6 +147,10 @@ def run_pass(
     )
     _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
     _step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
+    _, upkeep = _step(slot, maintain_history)
+    _, history = _step(slot, prune_history)
+    if history is not None:
+        pruned += history.deleted
     repaired = 0
     if repair is not None:
         _, fixed = _step(slot, repair.run)
@@ -155,7 +162,23 @@ def run_pass(
         workers_marked_dead=len(dead_workers),
         pruned=pruned,
         partitions_repaired=repaired,
+        history_partitions_made=upkeep.partitions_made if upkeep else 0,
+        history_partitions_dropped=history.dropped if history else 0,
     )
+    if history is not None and (history.dropped or history.deferred):
+        logger.info(
+            "housekeeping: %d history partitions dropped (about %d jobs), %d left for the "
+            "next pass (a lock was not granted in time)",
+            history.dropped,
+            history.rows_estimate,
+            history.deferred,
+        )
+    if upkeep is not None and upkeep.partitions_skipped:
+        logger.info(
+            "housekeeping: %d history periods could not be given a partition yet (another "
+            "period length, rows in a DEFAULT partition, or a lock); retried next pass",
+            upkeep.partitions_skipped,
+        )
     if reaped or dead_workers or pruned or repaired:
         logger.info(
             "housekeeping: %d expired leases recovered (%d dead-lettered), %d silent workers "

@@ -1,0 +1,55 @@
+"""Housekeeping of the history tier: retention classes, partitions ahead, pruning.
+
+Two steps of each housekeeping pass (see :mod:`django_pgqueue.worker.housekeeping`):
+the classes are written from the settings and the missing partitions made in one
+transaction, so no class is ever visible without its partitions; pruning drops whole
+partitions in another. Every lock wait is bounded by :data:`LOCK_WAIT_SECONDS`: DDL
+queued behind a long reader of the history would stop every job finishing meanwhile,
+and a step that times out is simply tried again on the next pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django_pgqueue.conf import conf
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.retention import HistoryPrune, default_classes
+
+__all__ = ["LOCK_WAIT_SECONDS", "MAX_DROPS", "HistoryUpkeep", "maintain_history", "prune_history"]
+
+#: The longest a history step waits for a lock (a partition's, the history table's).
+LOCK_WAIT_SECONDS = 0.5
+#: Partitions dropped per pass at most: each drop holds its parent's lock until commit.
+MAX_DROPS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryUpkeep:
+    """The classes written, the partitions made, and periods that could not be attached."""
+
+    classes_written: int
+    partitions_made: int
+    partitions_skipped: int
+
+
+def maintain_history(store: QueueStore) -> HistoryUpkeep:
+    """Write the retention classes and make the missing partitions, in one transaction."""
+    store.limit_lock_wait(timeout_seconds=LOCK_WAIT_SECONDS)
+    classes = default_classes(
+        finished_seconds=conf.RETENTION_SECONDS,
+        dead_letter_seconds=conf.DEAD_LETTER_RETENTION_SECONDS,
+    )
+    written, retired = store.sync_history_classes(classes)
+    made, skipped = store.ensure_history_partitions(
+        period=conf.HISTORY_PERIOD, ahead=conf.HISTORY_PREMAKE
+    )
+    return HistoryUpkeep(
+        classes_written=written + retired, partitions_made=made, partitions_skipped=skipped
+    )
+
+
+def prune_history(store: QueueStore) -> HistoryPrune:
+    """Drop the partitions past their class's retention (and expired DEFAULT rows)."""
+    store.limit_lock_wait(timeout_seconds=LOCK_WAIT_SECONDS)
+    return store.prune_history(max_drops=MAX_DROPS, default_limit=conf.PRUNE_BATCH_SIZE)

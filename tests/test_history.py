@@ -1,0 +1,271 @@
+"""The history tier's upkeep: retention classes, partitions made ahead, pruning by partition.
+
+Real DDL on the test database: every test that adds or drops partitions puts the
+standard set back at teardown (``django_pgqueue_ensure_history`` makes what is missing).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from django.core import checks
+from django.test import override_settings
+
+from django_pgqueue.store.retention import RetentionClass, default_classes
+from django_pgqueue.worker.connection import ConnectionSlot
+from django_pgqueue.worker.history import LOCK_WAIT_SECONDS, maintain_history
+from django_pgqueue.worker.housekeeping import run_pass
+
+pytestmark = pytest.mark.timeout(120)
+
+JOB_ONLY = {"history_class"}
+
+
+def _columns(conn: psycopg.Connection, relation: str) -> list[tuple[str, str]]:
+    return conn.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+        "WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        [relation],
+    ).fetchall()
+
+
+def _partitions(conn: psycopg.Connection, class_id: int) -> list[str]:
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT child.relname FROM pg_inherits JOIN pg_class AS child "
+            "ON child.oid = inhrelid WHERE inhparent = to_regclass(%s) ORDER BY 1",
+            [f"django_pgqueue_job_history_c{class_id}"],
+        )
+    ]
+
+
+def _attach_past_partition(conn: psycopg.Connection, class_id: int, day: datetime) -> str:
+    parent = f"django_pgqueue_job_history_c{class_id}"
+    name = f"{parent}_{day:%Y%m%d}00"
+    conn.execute(f"CREATE TABLE {name} (LIKE {parent} INCLUDING DEFAULTS)")
+    end = day + timedelta(days=1)
+    conn.execute(
+        f"ALTER TABLE {parent} ATTACH PARTITION {name} "
+        f"FOR VALUES FROM ('{day.isoformat()}') TO ('{end.isoformat()}')"
+    )
+    return name
+
+
+def _fill(conn: psycopg.Connection, class_id: int, finished_at: datetime, count: int) -> None:
+    status = {1: "succeeded", 2: "cancelled", 3: "dead_letter"}.get(class_id, "succeeded")
+    conn.execute(
+        "INSERT INTO django_pgqueue_job_history (id, queue, task_path, args, kwargs, priority, "
+        "status, attempts, max_attempts, lease_generation, errors, finished_at, history_class) "
+        "SELECT -g, 'default', 'tests.tasks.noop', '[]', '{}', 0, %s, 1, 5, 1, '[]', %s, %s "
+        "FROM generate_series(1, %s) AS g",
+        [status, finished_at, class_id, count],
+    )
+
+
+@pytest.fixture
+def history(open_connection) -> Iterator[psycopg.Connection]:
+    """An autocommit connection; the standard classes and partitions are restored after."""
+    conn = open_connection()
+    yield conn
+    for name in conn.execute(
+        "SELECT child.relname FROM pg_inherits JOIN pg_class AS child ON child.oid = inhrelid "
+        "WHERE inhparent IN (SELECT inhrelid FROM pg_inherits "
+        "WHERE inhparent = 'django_pgqueue_job_history'::regclass)"
+    ).fetchall():
+        conn.execute(f"DROP TABLE {name[0]}")
+    for (parent,) in conn.execute(
+        "SELECT inhrelid::regclass::text FROM pg_inherits "
+        "WHERE inhparent = 'django_pgqueue_job_history'::regclass"
+    ).fetchall():
+        conn.execute(f"DROP TABLE {parent}")
+    conn.execute("DELETE FROM django_pgqueue_history_class WHERE id > 3")
+    conn.execute("UPDATE django_pgqueue_history_class SET keep_seconds = NULL, retired = false")
+    conn.execute("SELECT * FROM django_pgqueue_ensure_history('day', 2)")
+
+
+def test_the_history_has_the_job_tables_columns_and_the_view_joins_both(history):
+    job = _columns(history, "django_pgqueue_job")
+    assert [c for c in _columns(history, "django_pgqueue_job_history") if c[0] not in JOB_ONLY] == (
+        job
+    )
+    assert _columns(history, "django_pgqueue_job_all") == job
+    for class_id in (1, 2, 3):
+        assert _columns(history, f"django_pgqueue_job_history_c{class_id}_default")[:-1] == job
+
+
+def test_the_migration_made_three_classes_and_the_current_partitions(history):
+    assert history.execute(
+        "SELECT id, status, queue FROM django_pgqueue_history_class ORDER BY id"
+    ).fetchall() == [(1, "succeeded", None), (2, "cancelled", None), (3, "dead_letter", None)]
+    today = datetime.now(UTC).date()
+    for class_id in (1, 2, 3):
+        names = _partitions(history, class_id)
+        assert f"django_pgqueue_job_history_c{class_id}_default" in names
+        assert f"django_pgqueue_job_history_c{class_id}_{today:%Y%m%d}00" in names
+        assert len(names) >= 4  # today, the next two days, the DEFAULT partition
+
+
+def test_a_row_is_routed_by_class_and_finish_time(history):
+    now = datetime.now(UTC)
+    _fill(history, 3, now, 1)
+    _fill(history, 1, now - timedelta(days=400), 1)  # no partition: the DEFAULT one
+    assert history.execute(
+        "SELECT tableoid::regclass::text FROM django_pgqueue_job_history ORDER BY history_class"
+    ).fetchall() == [
+        ("django_pgqueue_job_history_c1_default",),
+        (f"django_pgqueue_job_history_c3_{now:%Y%m%d}00",),
+    ]
+
+
+def test_housekeeping_writes_the_classes_from_the_settings_and_makes_partitions(history, store):
+    with override_settings(
+        PGQUEUE_RETENTION_SECONDS=3600, PGQUEUE_DEAD_LETTER_RETENTION_SECONDS=None
+    ):
+        upkeep = maintain_history(store)
+        again = maintain_history(store)
+    assert upkeep.classes_written == 2  # succeeded and cancelled changed, dead letters not
+    assert (again.classes_written, again.partitions_made) == (0, 0)
+    assert history.execute(
+        "SELECT status, keep_seconds FROM django_pgqueue_history_class ORDER BY id"
+    ).fetchall() == [("succeeded", 3600.0), ("cancelled", 3600.0), ("dead_letter", None)]
+    tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+    history.execute(f"DROP TABLE django_pgqueue_job_history_c2_{tomorrow:%Y%m%d}00")
+    with override_settings(PGQUEUE_HISTORY_PREMAKE=4):
+        assert maintain_history(store).partitions_made == 3 * 2 + 1
+
+
+def test_a_queue_class_gets_its_own_partitions_and_is_retired_when_dropped(history, store):
+    classes = [
+        *default_classes(finished_seconds=86400, dead_letter_seconds=None),
+        RetentionClass("succeeded", "emails", 0),
+    ]
+    assert store.sync_history_classes(classes) == (3, 0)
+    (class_id,) = history.execute(
+        "SELECT id FROM django_pgqueue_history_class WHERE queue = 'emails'"
+    ).fetchone()
+    assert class_id > 3
+    made, skipped = store.ensure_history_partitions(period="day", ahead=2)
+    assert (made, skipped) == (3, 0)
+    assert len(_partitions(history, class_id)) == 4
+    assert store.sync_history_classes(classes[:3]) == (0, 1)
+    assert history.execute(
+        "SELECT retired, keep_seconds FROM django_pgqueue_history_class WHERE id = %s",
+        [class_id],
+    ).fetchone() == (True, 86400.0)
+
+
+def test_another_period_length_starts_where_the_old_partitions_end(history, store):
+    made, skipped = store.ensure_history_partitions(period="hour", ahead=3)
+    # Every hour of the next three falls in today's (or tomorrow's) daily partition.
+    assert (made, skipped) == (0, 3 * 4)
+    assert store.ensure_history_partitions(period="week", ahead=0) == (0, 3)
+
+
+def test_pruning_drops_whole_partitions_past_their_class_retention(history, store):
+    old_day = datetime(2026, 1, 5, tzinfo=UTC)
+    succeeded = _attach_past_partition(history, 1, old_day)
+    dead = _attach_past_partition(history, 3, old_day)
+    _fill(history, 1, old_day + timedelta(hours=1), 50)
+    _fill(history, 3, old_day + timedelta(hours=1), 5)
+    _fill(history, 1, datetime.now(UTC), 7)
+    history.execute("ANALYZE django_pgqueue_job_history")
+    history.execute("UPDATE django_pgqueue_history_class SET keep_seconds = 86400 WHERE id = 1")
+    result = store.prune_history(max_drops=10, default_limit=100)
+    assert (result.dropped, result.rows_estimate, result.deferred) == (1, 50, 0)
+    names = _partitions(history, 1) + _partitions(history, 3)
+    assert succeeded not in names
+    assert dead in names  # dead letters are kept (keep_seconds NULL)
+    assert history.execute(
+        "SELECT history_class, count(*) FROM django_pgqueue_job_history GROUP BY 1 ORDER BY 1"
+    ).fetchall() == [(1, 7), (3, 5)]
+
+
+def test_pruning_writes_wal_independent_of_the_row_count(history, store):
+    old_day = datetime(2026, 1, 5, tzinfo=UTC)
+    history.execute("UPDATE django_pgqueue_history_class SET keep_seconds = 86400 WHERE id = 1")
+    written = []
+    for count in (100, 200_000):
+        _attach_past_partition(history, 1, old_day)
+        _fill(history, 1, old_day + timedelta(hours=2), count)
+        before = history.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        assert store.prune_history(max_drops=10, default_limit=100).dropped == 1
+        after = history.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        written.append(
+            history.execute("SELECT pg_wal_lsn_diff(%s, %s)", [after, before]).fetchone()[0]
+        )
+    # A catalog change: a few kilobytes either way (deleting the rows would write
+    # tens of megabytes for the larger one).
+    assert max(written) < 256 * 1024, written
+
+
+def test_expired_rows_of_a_default_partition_are_deleted_in_batches(history, store):
+    history.execute("UPDATE django_pgqueue_history_class SET keep_seconds = 86400 WHERE id = 2")
+    _fill(history, 2, datetime(2025, 1, 1, tzinfo=UTC), 30)
+    first = store.prune_history(max_drops=10, default_limit=20)
+    second = store.prune_history(max_drops=10, default_limit=20)
+    assert (first.deleted, second.deleted) == (20, 10)
+    assert history.execute("SELECT count(*) FROM django_pgqueue_job_history").fetchone() == (0,)
+
+
+def test_a_partition_in_use_is_left_for_the_next_pass_and_writers_go_on(
+    history, open_connection, store
+):
+    old_day = datetime(2026, 1, 5, tzinfo=UTC)
+    name = _attach_past_partition(history, 1, old_day)
+    history.execute("UPDATE django_pgqueue_history_class SET keep_seconds = 86400 WHERE id = 1")
+    reader = open_connection()
+    reader.autocommit = False
+    reader.execute(f"SELECT count(*) FROM {name}")  # holds ACCESS SHARE until it ends
+    writer = open_connection()
+    wrote = threading.Event()
+
+    def write_meanwhile() -> None:
+        _fill(writer, 1, datetime.now(UTC), 1)
+        wrote.set()
+
+    with store.runner.atomic():
+        store.limit_lock_wait(timeout_seconds=LOCK_WAIT_SECONDS)
+        thread = threading.Thread(target=write_meanwhile)
+        thread.start()
+        result = store.prune_history(max_drops=10, default_limit=10)
+    thread.join(timeout=30)
+    assert wrote.is_set()
+    assert (result.dropped, result.deferred) == (0, 1)
+    assert name in _partitions(history, 1)
+    reader.rollback()
+    with store.runner.atomic():
+        assert store.prune_history(max_drops=10, default_limit=10).dropped == 1
+
+
+def test_a_housekeeping_pass_keeps_partitions_ahead_and_prunes(history, db_url):
+    tomorrow = datetime.now(UTC).date() + timedelta(days=1)
+    history.execute(f"DROP TABLE django_pgqueue_job_history_c1_{tomorrow:%Y%m%d}00")
+    old = _attach_past_partition(history, 2, datetime(2026, 1, 5, tzinfo=UTC))
+    slot = ConnectionSlot("default", "test history")
+    try:
+        with override_settings(PGQUEUE_RETENTION_SECONDS=86400):
+            report = run_pass(slot, worker_timeout=30)
+    finally:
+        slot.close()
+    assert (report.history_partitions_made, report.history_partitions_dropped) == (1, 1)
+    assert old not in _partitions(history, 2)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "check_id"),
+    [
+        ("PGQUEUE_HISTORY_PERIOD", "month", "django_pgqueue.E131"),
+        ("PGQUEUE_HISTORY_PREMAKE", 0, "django_pgqueue.E132"),
+        ("PGQUEUE_HISTORY_PREMAKE", "2", "django_pgqueue.E132"),
+    ],
+)
+def test_bad_history_settings_are_reported_by_the_system_check(setting, value, check_id):
+    with override_settings(**{setting: value}):
+        found = [m for m in checks.run_checks() if m.id == check_id]
+    assert len(found) == 1
+    assert setting in found[0].msg
