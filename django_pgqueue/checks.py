@@ -96,6 +96,7 @@ SETTING_CHECK_IDS = {
     "STUCK_HANDLER_GRACE_SECONDS": "django_pgqueue.E130",
     "HISTORY_PERIOD": "django_pgqueue.E131",
     "HISTORY_PREMAKE": "django_pgqueue.E132",
+    "RETENTION": "django_pgqueue.E133",
 }
 
 

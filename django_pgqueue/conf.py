@@ -15,7 +15,7 @@ from typing import Final
 from django.conf import settings
 
 from django_pgqueue.exceptions import ConfigurationError, InvalidOption
-from django_pgqueue.limits import HISTORY_PERIODS, MAX_SNOOZES_LIMIT, parse_rate
+from django_pgqueue.limits import HISTORY_PERIODS, MAX_SNOOZES_LIMIT, parse_rate, parse_retention
 
 __all__ = ["SETTINGS", "Settings", "conf"]
 
@@ -86,6 +86,14 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "Age after which dead letters are deleted (None keeps them for an operator).",
     ),
     SettingSpec("PRUNE_BATCH_SIZE", 5000, "Rows deleted per housekeeping pass."),
+    SettingSpec(
+        "RETENTION",
+        {},
+        "How long finished jobs are kept, per final status and per queue: "
+        '{"succeeded": 86400, "dead_letter": timedelta(days=30), "queues": {"emails": '
+        '{"succeeded": 0}}}; a status left out keeps RETENTION_SECONDS (succeeded, '
+        "cancelled) or DEAD_LETTER_RETENTION_SECONDS.",
+    ),
     SettingSpec(
         "HISTORY_PERIOD",
         "day",
@@ -277,6 +285,29 @@ class Settings:
     def PRUNE_BATCH_SIZE(self) -> int:  # noqa: N802
         """Rows deleted per housekeeping pass."""
         return self._int("PRUNE_BATCH_SIZE", minimum=1, maximum=1_000_000)
+
+    @property
+    def RETENTION(self) -> dict[str, object]:  # noqa: N802
+        """PGQUEUE_RETENTION as given, once checked (see :meth:`resolved_retention`)."""
+        value = self._raw("RETENTION")
+        try:
+            parse_retention(value, {})
+        except ValueError as error:
+            raise ConfigurationError(str(error)) from None
+        assert isinstance(value, dict)  # parse_retention refuses anything else
+        return dict(value)
+
+    def resolved_retention(self) -> dict[str | None, dict[str, float | None]]:
+        """Seconds finished jobs are kept, by queue (None: every other) and final status:
+        PGQUEUE_RETENTION over RETENTION_SECONDS (succeeded and cancelled) and
+        DEAD_LETTER_RETENTION_SECONDS."""
+        finished = self.RETENTION_SECONDS
+        defaults = {
+            "succeeded": finished,
+            "cancelled": finished,
+            "dead_letter": self.DEAD_LETTER_RETENTION_SECONDS,
+        }
+        return parse_retention(self.RETENTION, defaults)
 
     @property
     def HISTORY_PERIOD(self) -> str:  # noqa: N802

@@ -5,8 +5,10 @@ Shared by the settings, the models and the checks on what is enqueued.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django_pgqueue.exceptions import InvalidOption
 
@@ -73,3 +75,69 @@ def parse_rate(name: str, value: object) -> Rate:
 
 #: The lengths a history partition can have (PGQUEUE_HISTORY_PERIOD): date_trunc units.
 HISTORY_PERIODS = ("hour", "day", "week")
+
+#: The final statuses a retention can be given (PGQUEUE_RETENTION's keys besides "queues").
+RETENTION_STATUSES = ("succeeded", "cancelled", "dead_letter")
+
+
+def _retention_seconds(where: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{where} must be a number of seconds, a timedelta or None, not {value!r}")
+    if value < 0:
+        raise ValueError(f"{where} must be >= 0, not {value!r}")
+    return float(value)
+
+
+def parse_retention(
+    value: object, defaults: dict[str, float | None]
+) -> dict[str | None, dict[str, float | None]]:
+    """Return PGQUEUE_RETENTION resolved: ``{None: {status: seconds}, queue: {...}}``.
+
+    ``value`` maps a final status to how long its jobs are kept (seconds, a timedelta,
+    or None: kept), and ``"queues"`` to per-queue maps of the same shape; a status a map
+    leaves out keeps its default (``defaults``, then the every-queue value). Raises
+    ``ValueError`` naming what is wrong.
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"PGQUEUE_RETENTION must be a dict, not {type(value).__name__}")
+    every = dict(defaults)
+    for key, seconds in value.items():
+        if key == "queues":
+            continue
+        if key not in RETENTION_STATUSES:
+            raise ValueError(
+                f"PGQUEUE_RETENTION: {key!r} is not a final status "
+                f"({', '.join(RETENTION_STATUSES)}) or 'queues'"
+            )
+        every[key] = _retention_seconds(f"PGQUEUE_RETENTION[{key!r}]", seconds)
+    resolved: dict[str | None, dict[str, float | None]] = {None: every}
+    queues = value.get("queues", {})
+    if not isinstance(queues, dict):
+        raise ValueError(f"PGQUEUE_RETENTION['queues'] must be a dict, not {queues!r}")
+    for queue, statuses in queues.items():
+        if not isinstance(queue, str) or not 0 < len(queue) <= QUEUE_MAX_LENGTH:
+            raise ValueError(
+                f"PGQUEUE_RETENTION['queues']: {queue!r} is not a queue name "
+                f"(1 to {QUEUE_MAX_LENGTH} characters)"
+            )
+        if not isinstance(statuses, dict) or not statuses:
+            raise ValueError(
+                f"PGQUEUE_RETENTION['queues'][{queue!r}] must be a non-empty dict of final "
+                f"status to seconds, not {statuses!r}"
+            )
+        own = {}
+        for status, seconds in statuses.items():
+            if status not in RETENTION_STATUSES:
+                raise ValueError(
+                    f"PGQUEUE_RETENTION['queues'][{queue!r}]: {status!r} is not a final "
+                    f"status ({', '.join(RETENTION_STATUSES)})"
+                )
+            own[status] = _retention_seconds(
+                f"PGQUEUE_RETENTION['queues'][{queue!r}][{status!r}]", seconds
+            )
+        resolved[queue] = own
+    return resolved

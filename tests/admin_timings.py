@@ -90,18 +90,18 @@ def main() -> None:
     url = os.environ["DATABASE_URL"]
     call_command("migrate", verbosity=0)
     with psycopg.connect(url, autocommit=True) as conn:
-        if conn.execute("SELECT NOT EXISTS (SELECT FROM django_pgqueue_job)").fetchone()[0]:
+        if conn.execute("SELECT NOT EXISTS (SELECT FROM django_pgqueue_job_all)").fetchone()[0]:
             print(f"seeding {options.finished:,} finished jobs...", flush=True)
             seed(conn, finished=options.finished)
-        rows = conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM django_pgqueue_job_all").fetchone()[0]
         dead_id = conn.execute(
-            "SELECT max(id) FROM django_pgqueue_job WHERE status = 'dead_letter'"
+            "SELECT max(id) FROM django_pgqueue_job_all WHERE status = 'dead_letter'"
         ).fetchone()[0]
         partitioned_id = conn.execute(
-            "SELECT max(id) FROM django_pgqueue_job "
+            "SELECT max(id) FROM django_pgqueue_job_all "
             "WHERE status = 'pending' AND partition_key IS NOT NULL"
         ).fetchone()[0]
-        job_id = conn.execute("SELECT max(id) - 500000 FROM django_pgqueue_job").fetchone()[0]
+        job_id = conn.execute("SELECT max(id) - 500000 FROM django_pgqueue_job_all").fetchone()[0]
     print(f"{rows:,} jobs in the table; PostgreSQL {connection.pg_version}", flush=True)
 
     user, _ = User.objects.get_or_create(

@@ -116,6 +116,8 @@ SERVER_SIDE = frozenset(
         "test_flow_state_claim_cost.py",
         "test_flow_combinations.py",
         "test_history.py",
+        "test_history_tiers.py",
+        "test_history_upgrade.py",
         "test_housekeeping.py",
         "test_indexes.py",
         "test_invariants.py",

@@ -131,6 +131,8 @@ class Evidence:
     orders: set[int]
     #: The after= edges among the jobs: (dependent, blocker, policy).
     edges: list[tuple[int, int, str]] = field(default_factory=list)
+    #: Where each job's row is: "live" (the job table), "history", or both (a fault).
+    tiers: dict[int, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +209,7 @@ def load_evidence(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> Evid
                 "SELECT id, task_path, queue, status, attempts, max_attempts, "
                 "lease_generation, partition_key, errors, result, kwargs, "
                 "concurrency_key, concurrency_limit, rate_limit, rate_period, finished_at "
-                "FROM django_pgqueue_job WHERE id = ANY(%s)",
+                "FROM django_pgqueue_job_all WHERE id = ANY(%s)",
                 [list(job_ids)],
             ).fetchall()
         }
@@ -224,13 +226,21 @@ def load_evidence(conn: psycopg.Connection[Any], job_ids: Sequence[int]) -> Evid
             "FROM tests_ledgerentry ORDER BY at, id"
         ).fetchall()
         orders = {row["job_id"] for row in cursor.execute("SELECT job_id FROM tests_order")}
+        tiers: dict[int, list[str]] = {}
+        for row in cursor.execute(
+            "SELECT id, 'live' AS tier FROM django_pgqueue_job WHERE id = ANY(%(ids)s) "
+            "UNION ALL SELECT id, 'history' FROM django_pgqueue_job_history "
+            "WHERE id = ANY(%(ids)s)",
+            {"ids": list(job_ids)},
+        ).fetchall():
+            tiers.setdefault(row["id"], []).append(row["tier"])
     for row in jobs.values():
         for column in ("errors", "result", "kwargs"):
             if isinstance(row[column], str):
                 import json
 
                 row[column] = json.loads(row[column])
-    return Evidence(jobs, list(job_ids), ledger, orders, edges)
+    return Evidence(jobs, list(job_ids), ledger, orders, edges, tiers)
 
 
 #: How long after a process was killed the server may still run a statement it sent.
@@ -379,6 +389,20 @@ def check(
                 f"pid {exit_.pid} exited with {exit_.code} at {exit_.at.isoformat()}",
                 *exit_.detail.splitlines()[-SHOW_LINES:],
             )
+
+    # ---- one tier: a finished job is in the history, any other in the job table, and
+    # never one in both (the move happens in the statement that finishes it). A finished
+    # job an operator's retry brought back and did not retry waits in the job table for
+    # housekeeping, so operated jobs may be finished there.
+    for job_id, where in evidence.tiers.items():
+        report.checks["each job in one tier"] += 1
+        status = evidence.jobs[job_id]["status"]
+        if len(where) > 1:
+            violate("each job in one tier", job_id, f"in {' and '.join(where)}")
+        elif (where == ["history"]) != (status in TERMINAL) and not (
+            where == ["live"] and job_id in spared
+        ):
+            violate("each job in one tier", job_id, f"{status} in the {where[0]} tier")
 
     # ---- every job terminal, none lost
     for job_id in evidence.expected_ids:

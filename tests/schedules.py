@@ -34,7 +34,7 @@ def sync(conn: psycopg.Connection[Any], *schedules: PeriodicSchedule) -> SyncRep
 def jobs_per_fire(conn: psycopg.Connection[Any], name: str = "probe") -> Counter[datetime]:
     """Return how many jobs each fire time of schedule ``name`` has (run-now jobs aside)."""
     rows = conn.execute(
-        "SELECT idempotency_key FROM django_pgqueue_job WHERE idempotency_key LIKE %s",
+        "SELECT idempotency_key FROM django_pgqueue_job_all WHERE idempotency_key LIKE %s",
         [f"pgqueue:schedule:{name}:%"],
     ).fetchall()
     fires = [parse_fire_key(row[0]) for row in rows]
@@ -44,7 +44,7 @@ def jobs_per_fire(conn: psycopg.Connection[Any], name: str = "probe") -> Counter
 def scheduled_jobs(conn: psycopg.Connection[Any], name: str = "probe") -> list[tuple[Any, ...]]:
     """Return (key, args, kwargs, status) of ``name``'s jobs, oldest first."""
     rows = conn.execute(
-        "SELECT idempotency_key, args::text, kwargs::text, status FROM django_pgqueue_job "
+        "SELECT idempotency_key, args::text, kwargs::text, status FROM django_pgqueue_job_all "
         "WHERE idempotency_key LIKE %s ORDER BY id",
         [f"pgqueue:schedule:{name}:%"],
     ).fetchall()

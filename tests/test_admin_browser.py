@@ -322,7 +322,7 @@ def test_every_page_fits_laptop_and_phone_screens(live_server, browser, observer
     dead_sample, partitioned = observer.execute(
         "SELECT max(id) FILTER (WHERE status = 'dead_letter'), "
         "max(id) FILTER (WHERE status = 'pending' AND partition_key IS NOT NULL) "
-        "FROM django_pgqueue_job"
+        "FROM django_pgqueue_job_all"
     ).fetchone()
     _log_in(browser, base)
     # Django's default, stated: the sidebar open takes 299 px of a laptop's width.
@@ -461,7 +461,7 @@ def test_operator_retries_a_dead_letter_and_sees_it_run(
     # The worker runs it; the job page shows the result.
     wait_for(
         lambda: observer.execute(
-            "SELECT status = 'succeeded' FROM django_pgqueue_job WHERE id = %s", [job_id]
+            "SELECT status = 'succeeded' FROM django_pgqueue_job_all WHERE id = %s", [job_id]
         ).fetchone()[0],
         timeout=60,
         message=f"job {job_id} to run\n{worker.output()}",

@@ -48,7 +48,7 @@ def test_operator_revives_the_dependents_of_a_dead_letter(
     worker = workers("--queue", "high", "--concurrency", "2")
     wait_for(
         lambda: observer.execute(
-            "SELECT status = 'succeeded' FROM django_pgqueue_job WHERE id = %s", [dependent.id]
+            "SELECT status = 'succeeded' FROM django_pgqueue_job_all WHERE id = %s", [dependent.id]
         ).fetchone()[0],
         timeout=60,
         message=f"job {dependent.id} to run\n{worker.output()}",

@@ -78,6 +78,8 @@ def test_a_row_locked_by_a_worker_is_skipped_and_reported(
     worker = make_store().runner.connection
     worker.execute("BEGIN")
     worker.execute("SELECT id FROM django_pgqueue_job WHERE id = %s FOR UPDATE", [locked])
+    # A dead letter is in the history tier.
+    worker.execute("SELECT id FROM django_pgqueue_job_history WHERE id = %s FOR UPDATE", [locked])
     try:
         response = post_action(client, INBOX, action, [first, locked])
     finally:

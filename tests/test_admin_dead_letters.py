@@ -130,7 +130,7 @@ def test_dead_letters_without_an_error_class_form_their_own_group(client):
     with_class = dead_letter()
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE django_pgqueue_job SET last_error_class = NULL WHERE id = %s", [job.pk]
+            "UPDATE django_pgqueue_job_history SET last_error_class = NULL WHERE id = %s", [job.pk]
         )
     rows = client.get(url(GROUPS)).context["rows"]
     no_class = next(row for row in rows if row["group"].last_error_class is None)

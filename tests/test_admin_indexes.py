@@ -100,11 +100,11 @@ def seeded(open_connection):
     conn = open_connection(prepare=False)
     seed(conn, finished=FINISHED_ROWS)
     partitioned = conn.execute(
-        "SELECT max(id) FROM django_pgqueue_job "
+        "SELECT max(id) FROM django_pgqueue_job_all "
         "WHERE status = 'pending' AND partition_key = 'tenant-2'"
     ).fetchone()[0]
     dead = conn.execute(
-        "SELECT max(id) FROM django_pgqueue_job WHERE status = 'dead_letter'"
+        "SELECT max(id) FROM django_pgqueue_job_all WHERE status = 'dead_letter'"
     ).fetchone()[0]
     return conn, {"partitioned": partitioned, "dead": dead}
 

@@ -60,7 +60,7 @@ def test_a_job_re_claimed_while_its_paused_attempt_still_runs_succeeds_on_that_a
         # Frozen past its lease: another process recovers the job meanwhile.
         wait_for(
             lambda: observer.execute(
-                "SELECT lease_expires_at < now() FROM django_pgqueue_job WHERE id = %s",
+                "SELECT lease_expires_at < now() FROM django_pgqueue_job_all WHERE id = %s",
                 [job_id],
             ).fetchone()[0],
             timeout=10,

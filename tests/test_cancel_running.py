@@ -18,7 +18,7 @@ import pytest
 from django.db import transaction
 from django.db.models import F
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.notices import lease_channel, parse_notice
 from django_pgqueue.store.values import JobSpec
@@ -163,7 +163,7 @@ def test_a_reaped_lease_is_learned_at_once_by_its_old_worker(workers, observer):
     with transaction.atomic():
         # The worker was cut off long enough for its lease to run out (its 20 s
         # heartbeat has not extended it yet); the reaper recovers the job.
-        Job.objects.filter(pk=job.pk).update(
+        LiveJob.objects.filter(pk=job.pk).update(
             lease_expires_at=F("claimed_at") - dt.timedelta(seconds=1)
         )
         (reaped,) = Job.objects.reap_expired()

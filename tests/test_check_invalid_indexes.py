@@ -48,6 +48,8 @@ def test_the_tables_come_from_the_app_models():
         "django_pgqueue_concurrency_signal",
         "django_pgqueue_dependency",
         "django_pgqueue_job",
+        "django_pgqueue_job_history",
+        "django_pgqueue_job_key",
         "django_pgqueue_partition",
         "django_pgqueue_partition_signal",
         "django_pgqueue_queue_pause",

@@ -120,6 +120,9 @@ BAD_VALUES = {
     "METRICS_TOKEN": "short",
     "CONCURRENCY_LIMITS": {"task:tests.tasks.noop": 0},
     "RATE_LIMITS": {"task:tests.tasks.noop": "20/0s"},
+    "RETENTION": {"finished": 1},
+    "HISTORY_PERIOD": "month",
+    "HISTORY_PREMAKE": 0,
 }
 
 

@@ -10,7 +10,7 @@ import pytest
 from django.db import connections, transaction
 
 from django_pgqueue import InvalidOption
-from django_pgqueue.models import Job
+from django_pgqueue.models import HistoryJob, Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
@@ -151,7 +151,8 @@ def test_eight_connections_racing_on_one_key_leave_one_job(db_url):
             connections.close_all()
 
     for _ in range(5):  # several rounds, to give the race several chances
-        Job.objects.all().delete()
+        LiveJob.objects.all().delete()
+        HistoryJob.objects.all().delete()
         with ThreadPoolExecutor(max_workers=8) as pool:
             results = list(pool.map(enqueue, range(8)))
         assert len({job_id for job_id, _ in results}) == 1

@@ -13,7 +13,7 @@ import threading
 import pytest
 from django.db.models import F
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import HistoryJob, Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import Failure, JobSpec
@@ -63,7 +63,7 @@ def test_a_started_coalesced_job_goes_back_to_pending_beside_its_twin(store, how
     elif how == "release_many":
         assert store.release_many_if_leased("w", [lease.lease]) == {first}
     elif how == "reap":
-        Job.objects.filter(pk=first).update(lease_expires_at=F("claimed_at"))
+        LiveJob.objects.filter(pk=first).update(lease_expires_at=F("claimed_at"))
         (reaped,) = store.reap_expired(job_ids=[first], policy=NOW)
         assert reaped.status == JobStatus.PENDING
     else:
@@ -89,7 +89,7 @@ def test_housekeeping_reaps_every_dead_workers_jobs_beside_a_coalesced_twin(stor
     lease, twin = _twins(store)
     other = store.enqueue(JobSpec("tests.tasks.noop", queue="emails")).id
     _claim(store, queues=("emails",))
-    Job.objects.filter(pk__in=[lease.id, other]).update(lease_expires_at=F("claimed_at"))
+    LiveJob.objects.filter(pk__in=[lease.id, other]).update(lease_expires_at=F("claimed_at"))
     slot = ConnectionSlot("default", "test housekeeping")
     try:
         report = run_pass(slot, worker_timeout=30)
@@ -284,7 +284,8 @@ def test_completion_batches_sharing_dependents_never_deadlock(make_store):
             thread.join(30)
         assert not errors, f"round {round_}: {errors}"
         assert Job.objects.filter(queue="emails", status=JobStatus.BLOCKED).count() == 0
-        Job.objects.filter(queue="emails").delete()
+        LiveJob.objects.filter(queue="emails").delete()
+        HistoryJob.objects.all().delete()
 
 
 def _complete_at_once(store, batch, barrier: threading.Barrier, errors: list) -> None:

@@ -14,7 +14,7 @@ import pytest
 from django.test import override_settings
 
 from django_pgqueue.exceptions import InvalidOption
-from django_pgqueue.models import ConcurrencyKey, Job
+from django_pgqueue.models import ConcurrencyKey, Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.values import JobSpec
 from tests import ledger, tasks
@@ -106,7 +106,7 @@ def test_kill_9_gives_the_slots_back_after_the_reap(workers, observer):
     first.kill()
     # A second worker takes over: the dead worker's three slots come back once its
     # leases are reaped, and all six jobs finish (the long ones ran again, shortened).
-    Job.objects.filter(concurrency_key="k").update(kwargs={"seconds": 0.05, "label": "k"})
+    LiveJob.objects.filter(concurrency_key="k").update(kwargs={"seconds": 0.05, "label": "k"})
     workers("--concurrency", "8", "--lease-seconds", "1", *FAST, settings=RECOVERY)
     wait_for(lambda: _done(6), timeout=60, interval=0.25)
     assert not ConcurrencyKey.objects.filter(pk="k").exists()

@@ -49,13 +49,13 @@ def _comment(conn: psycopg.Connection, name: str) -> str | None:
 
 
 def test_a_missing_index_is_built_valid_with_its_comment(conn):
-    run_operation(EnsureIndexConcurrently("job", QUEUE_ID, comment="tests: queue, then id"))
+    run_operation(EnsureIndexConcurrently("livejob", QUEUE_ID, comment="tests: queue, then id"))
     assert validity(conn, QUEUE_ID.name) is True
     assert _comment(conn, QUEUE_ID.name) == "tests: queue, then id"
 
 
 def test_a_valid_index_is_left_alone(conn):
-    operation = EnsureIndexConcurrently("job", QUEUE_ID, comment="tests: it's kept")
+    operation = EnsureIndexConcurrently("livejob", QUEUE_ID, comment="tests: it's kept")
     run_operation(operation)
     before = index_oid(conn, QUEUE_ID.name)
     with CaptureQueriesContext(connection) as queries:
@@ -68,7 +68,7 @@ def test_a_valid_index_is_left_alone(conn):
 
 def test_an_invalid_index_is_dropped_and_built_again(conn):
     seed_finished_jobs(conn, 2)
-    operation = EnsureIndexConcurrently("job", UNIQUE, sql=UNIQUE_SQL, comment="unique")
+    operation = EnsureIndexConcurrently("livejob", UNIQUE, sql=UNIQUE_SQL, comment="unique")
     with pytest.raises(IntegrityError):
         run_operation(operation)  # a duplicate key: the build fails, its index stays
     assert validity(conn, UNIQUE.name) is False
@@ -83,7 +83,7 @@ def test_an_invalid_index_is_dropped_and_built_again(conn):
 
 
 def test_reversing_drops_the_index(conn):
-    operation = EnsureIndexConcurrently("job", QUEUE_ID)
+    operation = EnsureIndexConcurrently("livejob", QUEUE_ID)
     run_operation(operation)
     run_operation(operation, backwards=True)
     assert validity(conn, QUEUE_ID.name) is None
@@ -94,7 +94,7 @@ def test_it_refuses_to_run_inside_a_transaction(conn):
     from django.db import NotSupportedError, transaction
 
     with transaction.atomic(), pytest.raises(NotSupportedError, match="atomic = False"):
-        run_operation(EnsureIndexConcurrently("job", QUEUE_ID))
+        run_operation(EnsureIndexConcurrently("livejob", QUEUE_ID))
     assert validity(conn, QUEUE_ID.name) is None
 
 
@@ -107,7 +107,7 @@ def test_it_refuses_to_run_inside_a_transaction(conn):
     ],
 )
 def test_statements_that_build_the_named_index_concurrently_are_accepted(sql):
-    assert EnsureIndexConcurrently("job", QUEUE_ID, sql=sql).sql == sql
+    assert EnsureIndexConcurrently("livejob", QUEUE_ID, sql=sql).sql == sql
 
 
 @pytest.mark.parametrize(
@@ -122,12 +122,12 @@ def test_statements_that_build_the_named_index_concurrently_are_accepted(sql):
 )
 def test_a_statement_that_does_not_build_the_named_index_concurrently_is_refused(sql):
     with pytest.raises(InvalidIndexStatement, match="pgq_test_queue_id") as raised:
-        EnsureIndexConcurrently("job", QUEUE_ID, sql=sql)
+        EnsureIndexConcurrently("livejob", QUEUE_ID, sql=sql)
     assert isinstance(raised.value, ValueError)
 
 
 def test_it_serializes_with_its_statement_and_comment():
-    operation = EnsureIndexConcurrently("job", UNIQUE, sql=UNIQUE_SQL, comment="unique")
+    operation = EnsureIndexConcurrently("livejob", UNIQUE, sql=UNIQUE_SQL, comment="unique")
     name, args, kwargs = operation.deconstruct()
     assert (name, args) == ("EnsureIndexConcurrently", [])
     assert EnsureIndexConcurrently(**kwargs).deconstruct() == (name, args, kwargs)
@@ -139,8 +139,8 @@ def test_it_serializes_with_its_statement_and_comment():
 
 
 def test_a_rename_is_not_folded_into_it():
-    operation = EnsureIndexConcurrently("job", UNIQUE, sql=UNIQUE_SQL)
-    rename = RenameIndex("job", new_name="pgq_test_renamed", old_name=UNIQUE.name)
+    operation = EnsureIndexConcurrently("livejob", UNIQUE, sql=UNIQUE_SQL)
+    rename = RenameIndex("livejob", new_name="pgq_test_renamed", old_name=UNIQUE.name)
     assert operation.reduce(rename, APP) is False
     assert operation.index.name == UNIQUE.name
 

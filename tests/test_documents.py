@@ -127,7 +127,9 @@ def test_the_tutorial_runs_as_written_on_a_new_server(tmp_path, fresh_server):
     assert worker_log.count("Traceback (most recent call last)") == 1, worker_log
     assert "stopped after" in worker_log  # Ctrl-C drained it
     with psycopg.connect(fresh_server.url("shop")) as conn:
-        (history,) = conn.execute("SELECT errors FROM django_pgqueue_job WHERE id = 2").fetchone()
+        (history,) = conn.execute(
+            "SELECT errors FROM django_pgqueue_job_all WHERE id = 2"
+        ).fetchone()
     failed_at = [datetime.fromisoformat(entry["at"]) for entry in history]
     gaps = [(later - earlier).total_seconds() for earlier, later in pairwise(failed_at)]
     # 2 s then 4 s, each +/-20%, started within the poll interval (1 s), plus the attempt.

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from django.db import connections
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, LiveJob
 from django_pgqueue.tools.embedded import EmbeddedPostgresError
 from tests.database import embedded_server, rebuild_embedded_server
 
@@ -36,7 +36,7 @@ def test_a_server_that_cannot_start_again_is_rebuilt_with_a_migrated_test_databa
     transactional_db,
 ):
     server = embedded_server()
-    Job.objects.create(task_path="tests.tasks.noop", queue="default")
+    LiveJob.objects.create(task_path="tests.tasks.noop", queue="default")
     connections.close_all()
     server.stop("fast")
     # A value the server refuses at start-up stands in for a crash recovery that fails.
@@ -50,5 +50,5 @@ def test_a_server_that_cannot_start_again_is_rebuilt_with_a_migrated_test_databa
     assert server.is_running()
     assert "not a size" not in (server.datadir / "postgresql.auto.conf").read_text()
     assert Job.objects.count() == 0  # a new, empty, migrated test database
-    Job.objects.create(task_path="tests.tasks.noop", queue="default")
+    LiveJob.objects.create(task_path="tests.tasks.noop", queue="default")
     assert Job.objects.count() == 1

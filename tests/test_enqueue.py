@@ -69,7 +69,7 @@ def test_rolled_back_enqueue_leaves_nothing(db_url, open_connection):
         Job.objects.enqueue("tests.tasks.noop")
         raise Boom
     observer = open_connection()
-    assert observer.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()[0] == 0
+    assert observer.execute("SELECT count(*) FROM django_pgqueue_job_all").fetchone()[0] == 0
 
 
 def test_job_is_invisible_to_other_connections_until_commit(db_url, open_connection):
@@ -77,11 +77,11 @@ def test_job_is_invisible_to_other_connections_until_commit(db_url, open_connect
     with transaction.atomic():
         job = Job.objects.enqueue("tests.tasks.noop")
         seen = observer.execute(
-            "SELECT count(*) FROM django_pgqueue_job WHERE id = %s", [job.pk]
+            "SELECT count(*) FROM django_pgqueue_job_all WHERE id = %s", [job.pk]
         ).fetchone()[0]
         assert seen == 0
     seen = observer.execute(
-        "SELECT count(*) FROM django_pgqueue_job WHERE id = %s", [job.pk]
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE id = %s", [job.pk]
     ).fetchone()[0]
     assert seen == 1
 

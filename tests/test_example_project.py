@@ -86,7 +86,7 @@ def _rows(url: str, query: str, params: Any = None) -> list[tuple[Any, ...]]:
 def _jobs(url: str, task_name: str) -> list[dict[str, Any]]:
     with psycopg.connect(url) as conn, conn.cursor(row_factory=psycopg.rows.dict_row) as cur:
         return cur.execute(
-            "SELECT * FROM django_pgqueue_job WHERE task_path = %s ORDER BY id",
+            "SELECT * FROM django_pgqueue_job_all WHERE task_path = %s ORDER BY id",
             [f"orders.tasks.{task_name}"],
         ).fetchall()
 
@@ -211,7 +211,7 @@ def test_seeded_flows_end_as_expected_after_a_burst_worker(shop_database):
 
     # Scheduled jobs wait: review requests three days out, the daily report 15 s out.
     future = (
-        "SELECT count(*) FROM django_pgqueue_job "
+        "SELECT count(*) FROM django_pgqueue_job_all "
         "WHERE task_path = %s AND status = 'pending' AND available_at > now()"
     )
     assert _rows(url, future, ["orders.tasks.request_review"]) == [(9,)]
@@ -305,15 +305,15 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
     assert page.count(">READY</td>") == 8
 
     # The same form again (a double click): the same order, nothing new queued.
-    jobs_before = _rows(url, "SELECT count(*) FROM django_pgqueue_job")
+    jobs_before = _rows(url, "SELECT count(*) FROM django_pgqueue_job_all")
     status, second, page = _checkout(opener, storefront, **form)
     assert (status, second) == (200, first)
     assert "already placed (double submit)" in page
-    assert _rows(url, "SELECT count(*) FROM django_pgqueue_job") == jobs_before
+    assert _rows(url, "SELECT count(*) FROM django_pgqueue_job_all") == jobs_before
     assert _rows(url, "SELECT submissions FROM orders_order WHERE id = %s", [order_id]) == [(2,)]
     assert _rows(
         url,
-        "SELECT count(*) FROM django_pgqueue_job WHERE idempotency_key = %s",
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE idempotency_key = %s",
         [f"receipt:{order_id}"],
     ) == [(1,)]
 
@@ -322,7 +322,7 @@ def test_checkout_form_double_submit_and_declined_card(shop_database, storefront
     status, _, page = _checkout(opener, storefront, **declined)
     assert status == 409
     assert "rolled back" in page
-    assert _rows(url, "SELECT count(*) FROM django_pgqueue_job") == jobs_before
+    assert _rows(url, "SELECT count(*) FROM django_pgqueue_job_all") == jobs_before
     assert _rows(url, "SELECT count(*) FROM orders_order") == [(orders_before + 1,)]
 
 

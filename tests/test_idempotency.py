@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connections, transaction
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import HistoryJob, Job, LiveJob
 from django_pgqueue.store.values import JobSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -50,7 +50,8 @@ def test_eight_threads_racing_on_one_key_create_one_job(db_url):
             connections.close_all()
 
     for _ in range(5):  # several rounds, to give the race several chances
-        Job.objects.all().delete()
+        LiveJob.objects.all().delete()
+        HistoryJob.objects.all().delete()
         with ThreadPoolExecutor(max_workers=8) as pool:
             results = list(pool.map(enqueue, range(8)))
         assert len({job_id for job_id, _ in results}) == 1

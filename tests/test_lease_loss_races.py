@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.values import JobSpec, Lease
 from django_pgqueue.worker import Worker, WorkerOptions
@@ -67,7 +67,9 @@ def test_a_running_attempt_whose_lease_moved_on_is_still_abandoned(db_url, store
     worker = Worker(WorkerOptions.from_settings(queues=("default",)))
     flight = _claimed_flight(store, worker)
     flight.started_at = 0.0
-    Job.objects.filter(pk=flight.job.id).update(lease_generation=flight.job.lease_generation + 1)
+    LiveJob.objects.filter(pk=flight.job.id).update(
+        lease_generation=flight.job.lease_generation + 1
+    )
     with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
         assert _heartbeat_finds_lost(store, worker, [flight.job.lease]) == [flight.job.lease]
     assert flight.abandoned

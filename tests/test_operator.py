@@ -12,7 +12,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_pgqueue.exceptions import InvalidOption, LeaseLost
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.values import Failure, JobSpec
 
@@ -125,7 +125,7 @@ def test_a_cancelled_running_job_ends_cancelled_however_its_attempt_ends(store, 
     elif how == "release":
         store.release_if_leased(lease, reason="handed back")
     else:
-        Job.objects.filter(pk=job.pk).update(lease_expires_at=F("claimed_at"))
+        LiveJob.objects.filter(pk=job.pk).update(lease_expires_at=F("claimed_at"))
         (reaped,) = store.reap_expired(job_ids=[job.pk])
         assert reaped.status == JobStatus.CANCELLED
     row = Job.objects.get(pk=job.pk)

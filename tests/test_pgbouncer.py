@@ -49,7 +49,7 @@ def test_enqueue_and_a_burst_worker_through_pgbouncer(db_url, observer, monkeypa
             check=True,
             timeout=60,
         )
-        assert observer.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()[0] == 50
+        assert observer.execute("SELECT count(*) FROM django_pgqueue_job_all").fetchone()[0] == 50
         served = transactions_served(bouncer_url)
         worker = WorkerProcess(bouncer_url, "--burst", "--concurrency", "4")
         try:
@@ -62,11 +62,11 @@ def test_enqueue_and_a_burst_worker_through_pgbouncer(db_url, observer, monkeypa
         assert transactions_served(bouncer_url) >= served + 5
     statuses = dict(
         observer.execute(
-            "SELECT status, count(*) FROM django_pgqueue_job GROUP BY status"
+            "SELECT status, count(*) FROM django_pgqueue_job_all GROUP BY status"
         ).fetchall()
     )
     assert statuses == {"succeeded": 50}
     results = observer.execute(
-        "SELECT result::text FROM django_pgqueue_job WHERE idempotency_key = 'order-7'"
+        "SELECT result::text FROM django_pgqueue_job_all WHERE idempotency_key = 'order-7'"
     ).fetchall()
     assert results == [("10",)]

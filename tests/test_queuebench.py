@@ -75,7 +75,7 @@ def test_a_noop_run_reports_every_figure_and_leaves_nothing_behind(db_url, obser
     assert report["server_version"]
     assert report["django_debug"] is False  # tests/settings.py
     # The benchmark's jobs (prefilled history included), workers and counters are gone.
-    assert _rows(observer, "SELECT 1 FROM django_pgqueue_job WHERE queue = %s", QUEUE) == []
+    assert _rows(observer, "SELECT 1 FROM django_pgqueue_job_all WHERE queue = %s", QUEUE) == []
     assert _rows(observer, "SELECT 1 FROM django_pgqueue_worker WHERE queues ? %s", QUEUE) == []
 
 
@@ -114,7 +114,7 @@ def test_a_given_task_runs_with_its_arguments(db_url, observer):
     assert report["config"]["kwargs"] == {"b": 3}
     outcomes = _rows(
         observer,
-        "SELECT task_path, status, result::text, count(*) FROM django_pgqueue_job "
+        "SELECT task_path, status, result::text, count(*) FROM django_pgqueue_job_all "
         "WHERE queue = %s GROUP BY 1, 2, 3",
         QUEUE,
     )
@@ -160,7 +160,7 @@ def test_bad_options_fail_before_anything_is_written(db_url, observer, args, mes
     done = _queuebench(db_url, *args)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
-    assert _rows(observer, "SELECT 1 FROM django_pgqueue_job WHERE queue = %s", QUEUE) == []
+    assert _rows(observer, "SELECT 1 FROM django_pgqueue_job_all WHERE queue = %s", QUEUE) == []
 
 
 def test_a_task_that_fails_makes_the_run_fail_with_a_count(db_url):
@@ -270,7 +270,7 @@ def test_io_bound_runs_report_sync_and_async_rates(db_url, observer):
     ran = dict(
         _rows(
             observer,
-            "SELECT task_path, count(*) FROM django_pgqueue_job "
+            "SELECT task_path, count(*) FROM django_pgqueue_job_all "
             "WHERE queue = %s AND status = 'succeeded' GROUP BY 1",
             QUEUE,
         )

@@ -14,7 +14,7 @@ import pytest
 from django.test import override_settings
 
 from django_pgqueue.exceptions import InvalidOption
-from django_pgqueue.models import ConcurrencyKey, Job
+from django_pgqueue.models import ConcurrencyKey, Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.flow_limits import Rate, parse_rate
 from django_pgqueue.store.values import JobSpec
@@ -51,7 +51,7 @@ def test_20_per_second_across_4_workers_for_30_seconds(workers, observer):
         timeout=RUN_SECONDS + 30,
         interval=0.5,
     )
-    Job.objects.filter(status=JobStatus.PENDING).update(status=JobStatus.CANCELLED)
+    LiveJob.objects.filter(status=JobStatus.PENDING).update(status=JobStatus.CANCELLED)
     end = first + dt.timedelta(seconds=RUN_SECONDS)
     # The claims, on the database clock, are what the bucket governs; the handlers' own
     # starts (the ledger) lag them by a thread hand-off, which can bunch them a little.

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from django_pgqueue.exceptions import LeaseLost
-from django_pgqueue.models import Job
+from django_pgqueue.models import HistoryJob, Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import Failure, JobSpec
@@ -114,7 +114,8 @@ def test_reaper_and_completion_racing_never_both_win(store, make_store):
         final = Job.objects.get(pk=job.pk).status
         assert outcome["completed"] != bool(outcome["reaped"])
         assert final == (JobStatus.SUCCEEDED if outcome["completed"] else JobStatus.PENDING)
-        Job.objects.all().delete()
+        LiveJob.objects.all().delete()
+        HistoryJob.objects.all().delete()
 
 
 def test_failures_back_off_exponentially_on_the_database_clock(store):

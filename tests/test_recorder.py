@@ -93,13 +93,13 @@ def test_a_completion_waiting_on_a_lock_does_not_hold_up_the_next_claim(
             ).fetchone(),
         )
         assert observer.execute(
-            "SELECT status FROM django_pgqueue_job WHERE id = %s", [first.id]
+            "SELECT status FROM django_pgqueue_job_all WHERE id = %s", [first.id]
         ).fetchone() == ("processing",)
         blocker.execute("ROLLBACK")
         _poll(
             "both jobs are recorded once the lock is gone",
             lambda: observer.execute(
-                "SELECT count(*) = 2 FROM django_pgqueue_job "
+                "SELECT count(*) = 2 FROM django_pgqueue_job_all "
                 "WHERE id = ANY(%s) AND status = 'succeeded'",
                 [[first.id, second.id]],
             ).fetchone()[0],
@@ -150,7 +150,8 @@ def test_a_completion_whose_acknowledgement_was_lost_is_recorded_as_a_success(
         thread.join(30)
     assert not thread.is_alive()
     rows = observer.execute(
-        "SELECT id, status, result::text FROM django_pgqueue_job WHERE id = ANY(%s) ORDER BY id",
+        "SELECT id, status, result::text "
+        "FROM django_pgqueue_job_all WHERE id = ANY(%s) ORDER BY id",
         [sorted(ids)],
     ).fetchall()
     assert [(status, result) for _, status, result in rows] == [
@@ -193,7 +194,7 @@ def test_an_error_in_the_recorder_stops_the_worker_like_one_in_the_dispatcher(
     # Nothing was recorded: the jobs it ran are left to their leases (attempt counted),
     # not released to run again at once.
     statuses = observer.execute(
-        "SELECT DISTINCT status FROM django_pgqueue_job WHERE id = ANY(%s)",
+        "SELECT DISTINCT status FROM django_pgqueue_job_all WHERE id = ANY(%s)",
         [[job.id for job in jobs]],
     ).fetchall()
     assert ("succeeded",) not in statuses
@@ -247,7 +248,7 @@ def test_a_completion_stuck_on_a_row_lock_does_not_hold_the_shutdown_past_its_gr
             thread.join(30)
     rows = dict(
         observer.execute(
-            "SELECT id, status FROM django_pgqueue_job WHERE id = ANY(%s)",
+            "SELECT id, status FROM django_pgqueue_job_all WHERE id = ANY(%s)",
             [[finished.id, running.id]],
         ).fetchall()
     )
@@ -255,7 +256,7 @@ def test_a_completion_stuck_on_a_row_lock_does_not_hold_the_shutdown_past_its_gr
     # comes back when the lease expires. The running one was released, attempt refunded.
     assert rows == {finished.id: "processing", running.id: "pending"}
     assert observer.execute(
-        "SELECT attempts FROM django_pgqueue_job WHERE id = %s", [running.id]
+        "SELECT attempts FROM django_pgqueue_job_all WHERE id = %s", [running.id]
     ).fetchone() == (0,)
     assert "cancelled it" in caplog.text
     assert not observer.execute(

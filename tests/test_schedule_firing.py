@@ -80,7 +80,9 @@ def test_a_due_schedule_fires_one_job_with_its_fire_time_in_the_key(observer, st
     [(key, args, kwargs, status)] = scheduled_jobs(observer)
     assert key == f"pgqueue:schedule:probe:{planned:%Y-%m-%dT%H:%M:%S}Z"
     assert (args, kwargs, status) == ([], {"label": "hourly"}, "pending")
-    assert observer.execute("SELECT priority, task_path FROM django_pgqueue_job").fetchone() == (
+    assert observer.execute(
+        "SELECT priority, task_path FROM django_pgqueue_job_all"
+    ).fetchone() == (
         5,
         PROBE,
     )

@@ -134,7 +134,7 @@ def test_edits_take_effect_at_the_scheduler_next_pass(observer, store):
             return [
                 job
                 for job in observer.execute(
-                    "SELECT args::text, queue FROM django_pgqueue_job "
+                    "SELECT args::text, queue FROM django_pgqueue_job_all "
                     "WHERE idempotency_key LIKE 'pgqueue:schedule:probe:%'"
                 ).fetchall()
                 if (json.loads(job[0]), job[1]) == (args, queue)
@@ -396,7 +396,8 @@ class ScheduleMachine(RuleBasedStateMachine):
             queue = self.admin[name][2] if name in self.admin else "default"
             for key in new:
                 job = self.conn.execute(
-                    "SELECT args::text, queue FROM django_pgqueue_job WHERE idempotency_key = %s",
+                    "SELECT args::text, queue "
+                    "FROM django_pgqueue_job_all WHERE idempotency_key = %s",
                     [key],
                 ).fetchone()
                 assert (json.loads(job[0]), job[1]) == (args, queue), name
@@ -414,7 +415,7 @@ class ScheduleMachine(RuleBasedStateMachine):
         # The timetable's jobs (not run-now's) per schedule, by key.
         found: dict[str, Counter[str]] = {}
         for (key,) in self.conn.execute(
-            "SELECT idempotency_key FROM django_pgqueue_job "
+            "SELECT idempotency_key FROM django_pgqueue_job_all "
             "WHERE idempotency_key LIKE 'pgqueue:schedule:%'"
         ):
             fire = parse_fire_key(key)

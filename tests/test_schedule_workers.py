@@ -74,7 +74,7 @@ def test_four_workers_started_together_fire_each_time_exactly_once(workers, obse
     assert set(logged.values()) == {1}
     # Every job ran and saw its own fire time in its context.
     results = observer.execute(
-        "SELECT idempotency_key, result::text FROM django_pgqueue_job "
+        "SELECT idempotency_key, result::text FROM django_pgqueue_job_all "
         "WHERE status = 'succeeded' AND idempotency_key LIKE 'pgqueue:schedule:probe:%'"
     ).fetchall()
     assert results
@@ -122,7 +122,7 @@ def test_downtime_policies_after_all_workers_were_stopped(workers, observer):
         """The jobs the first firing after the restart inserted (one statement: one
         created_at), as (fire time, created_at)."""
         rows = observer.execute(
-            "SELECT idempotency_key, created_at FROM django_pgqueue_job "
+            "SELECT idempotency_key, created_at FROM django_pgqueue_job_all "
             "WHERE idempotency_key LIKE %s ORDER BY created_at",
             [f"pgqueue:schedule:{name}:%"],
         ).fetchall()
@@ -192,7 +192,7 @@ def test_schedule_changes_at_restart_are_picked_up_without_duplicate_fires(worke
     for name in ("probe", "moved", "added", "retired"):
         assert set(jobs_per_fire(observer, name).values()) == {1}, name
     labels = observer.execute(
-        "SELECT kwargs->>'label', count(*) FROM django_pgqueue_job "
+        "SELECT kwargs->>'label', count(*) FROM django_pgqueue_job_all "
         "WHERE idempotency_key LIKE 'pgqueue:schedule:probe:%' GROUP BY 1 ORDER BY 1"
     ).fetchall()
     assert [label for label, _ in labels] == ["v1", "v2"]

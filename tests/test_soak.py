@@ -50,16 +50,18 @@ def test_random_kill_9_loses_no_job(workers, observer):
             kills += 1
             running[victim] = workers(*args, settings=RECOVERY)
     counts = dict(
-        observer.execute("SELECT status, count(*) FROM django_pgqueue_job GROUP BY 1").fetchall()
+        observer.execute(
+            "SELECT status, count(*) FROM django_pgqueue_job_all GROUP BY 1"
+        ).fetchall()
     )
     print(f"soak: {kills} workers killed with SIGKILL; final statuses {counts}")
     assert counts == {"succeeded": JOBS}
     wrong = observer.execute(
-        "SELECT count(*) FROM django_pgqueue_job WHERE result <> to_jsonb((args->>0)::int * 2)"
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE result <> to_jsonb((args->>0)::int * 2)"
     ).fetchone()[0]
     assert wrong == 0
     assert kills >= 3
     recovered = observer.execute(
-        "SELECT count(*) FROM django_pgqueue_job WHERE attempts > 1"
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE attempts > 1"
     ).fetchone()[0]
     print(f"soak: {recovered} jobs needed more than one attempt")

@@ -188,7 +188,7 @@ def act_as_operator(rng: random.Random, db: Database, ours: list[int], operated:
     store = QueueStore(PsycopgRunner(db.conn, "default"))
     if rng.random() < 0.5:
         rows = db.execute(
-            "SELECT id FROM django_pgqueue_job WHERE status = 'processing' AND id = ANY(%s) "
+            "SELECT id FROM django_pgqueue_job_all WHERE status = 'processing' AND id = ANY(%s) "
             "ORDER BY (concurrency_key IS NULL AND partition_key IS NULL), random() LIMIT 1",
             [ours],
         )
@@ -196,7 +196,7 @@ def act_as_operator(rng: random.Random, db: Database, ours: list[int], operated:
             operated.update(store.cancel([rows[0][0]], reason="soak operator").done)
         return
     rows = db.execute(
-        "SELECT id FROM django_pgqueue_job WHERE status IN ('dead_letter', 'cancelled') "
+        "SELECT id FROM django_pgqueue_job_all WHERE status IN ('dead_letter', 'cancelled') "
         "AND id = ANY(%s) ORDER BY random() LIMIT 1",
         [ours],
     )
@@ -287,7 +287,7 @@ def test_execution_safety_under_injected_faults(db_url):
             if later and elapsed > 4 * (3 - len(later)):
                 enqueue(later.pop(0))
             finished = db.execute(
-                "SELECT count(*) FROM django_pgqueue_job "
+                "SELECT count(*) FROM django_pgqueue_job_all "
                 "WHERE status IN ('succeeded', 'dead_letter', 'cancelled')"
             )[0][0]
             if finished >= len(kind_of) and not later and not coalescing:
@@ -344,7 +344,7 @@ def test_execution_safety_under_injected_faults(db_url):
     took = time.monotonic() - started
     # A coalesced enqueue whose answer a fault cut off still made its job: find them all.
     for (job_id,) in db.execute(
-        "SELECT id FROM django_pgqueue_job WHERE kwargs ->> 'kind' = 'coalesced'"
+        "SELECT id FROM django_pgqueue_job_all WHERE kwargs ->> 'kind' = 'coalesced'"
     ):
         kind_of.setdefault(job_id, "coalesced")
     evidence = invariants.load_evidence(db.conn, sorted(kind_of))

@@ -34,7 +34,11 @@ STATUS_WRITES = {
 #: checked by tests/test_dependencies.py.
 ELSEWHERE = {Transition.RUN_NOW, Transition.UNBLOCK}
 
-_SET_STATUS = re.compile(r"SET status = (?:'(\w+)'|CASE(.*?)END)", re.S)
+# A status set by an UPDATE, or the final status of a job a statement moves to the
+# history itself (a DELETE ... RETURNING ... AS final_status and an INSERT).
+_SET_STATUS = re.compile(
+    r"(?:SET status = (?:'(\w+)'|CASE(.*?)END)|CASE(.*?)END\s+AS final_status)", re.S
+)
 _LITERAL = re.compile(r"'(\w+)'")
 
 
@@ -68,7 +72,8 @@ def test_status_literals_are_job_statuses():
 def test_status_changes_follow_the_state_machine(name):
     text = QUERIES[name].text
     targets = set()
-    for simple, case in _SET_STATUS.findall(text):
+    for simple, updated, moved in _SET_STATUS.findall(text):
+        case = updated or moved
         targets.update(
             [simple]
             if simple

@@ -130,7 +130,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.conn.execute(
             "TRUNCATE django_pgqueue_job, django_pgqueue_dependency, django_pgqueue_partition, "
             "django_pgqueue_partition_signal, django_pgqueue_concurrency, "
-            "django_pgqueue_concurrency_signal, django_pgqueue_queue_pause"
+            "django_pgqueue_concurrency_signal, django_pgqueue_queue_pause, "
+            "django_pgqueue_job_history, django_pgqueue_job_key"
         )
         self.model = QueueModel()
         self.seen_status: dict[int, JobStatus] = {}
@@ -146,7 +147,8 @@ class QueueMachine(RuleBasedStateMachine):
             "SELECT id, status, attempts, max_attempts, lease_generation, claimed_by, "
             "partition_key, concurrency_key, coalesce_key, available_at, "
             "available_at <= now() AS ready, lease_expires_at, "
-            "cancel_requested_at IS NOT NULL AS cancel_requested, snoozes FROM django_pgqueue_job"
+            "cancel_requested_at IS NOT NULL AS cancel_requested, snoozes "
+            "FROM django_pgqueue_job_all"
         ).fetchall()
         names = (
             "id",
@@ -752,10 +754,25 @@ class QueueMachine(RuleBasedStateMachine):
             self.model.paused.discard(queue)
 
     @rule()
+    def move_finished(self) -> None:
+        """Housekeeping moves finished jobs left in the job table (a retry brought them
+        back and did not retry them) to the history."""
+        self.store.move_finished(limit=1000)
+
+    @rule()
     def prune(self) -> None:
-        """Housekeeping deletes every finished job (a retention of nothing)."""
-        self.store.prune_finished(retention_seconds=0, limit=1000)
-        self.store.prune_dead_letters(retention_seconds=0, limit=1000)
+        """Housekeeping prunes every finished job: a retention of nothing, and their
+        finish times two days back (no partition left for them: the DEFAULT partitions'
+        expired rows go)."""
+        self.store.move_finished(limit=1000)
+        self.conn.execute(
+            "UPDATE django_pgqueue_job_history SET finished_at = finished_at - interval '2 days'"
+        )
+        self.conn.execute("UPDATE django_pgqueue_history_class SET keep_seconds = 0")
+        try:
+            self.store.prune_history(max_drops=100, default_limit=10_000)
+        finally:
+            self.conn.execute("UPDATE django_pgqueue_history_class SET keep_seconds = NULL")
         gone = [job.id for job in self.model.jobs.values() if job.status in FINISHED]
         for job_id in gone:
             del self.model.jobs[job_id]
@@ -773,6 +790,22 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.now += seconds
 
     # ------------------------------------------------------------------ invariants
+    @invariant()
+    def each_job_is_in_one_tier(self) -> None:
+        """Never in both tables; a job that can still run is in the job table."""
+        live = {
+            row[0]: row[1] for row in self.conn.execute("SELECT id, status FROM django_pgqueue_job")
+        }
+        finished = {
+            row[0]: row[1]
+            for row in self.conn.execute("SELECT id, status FROM django_pgqueue_job_history")
+        }
+        assert not set(live) & set(finished)
+        assert all(JobStatus(status).is_terminal for status in finished.values())
+        self.checked["jobs in the history"] = max(
+            self.checked["jobs in the history"], len(finished)
+        )
+
     @invariant()
     def database_matches_model(self) -> None:
         rows = self.db_rows()

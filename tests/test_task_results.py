@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from django_pgqueue.compat import TaskResultStatus, task_backends
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, LiveJob
 from django_pgqueue.states import JobStatus
 from tests import ledger, tasks
 from tests.models import Order
@@ -75,7 +75,7 @@ def test_a_return_value_that_cannot_be_stored_succeeds_with_a_note_and_a_warning
     workers, observer, kind, reason
 ):
     marker = tasks.noop.enqueue()  # a job id for the ledger entry only
-    Job.objects.filter(pk=int(marker.id)).update(status=JobStatus.CANCELLED)
+    LiveJob.objects.filter(pk=int(marker.id)).update(status=JobStatus.CANCELLED)
     result = tasks.returns_unstorable.enqueue(kind, marker_job=int(marker.id))
     worker = workers("--burst")
     assert worker.wait() == 0, worker.output()

@@ -70,7 +70,7 @@ def second_url(db_url, django_db_blocker) -> Iterator[str]:
 def _jobs(url: str) -> list[tuple[list[int], str, str]]:
     with psycopg.connect(url) as conn:
         return conn.execute(
-            "SELECT args, status, claimed_by FROM django_pgqueue_job ORDER BY id"
+            "SELECT args, status, claimed_by FROM django_pgqueue_job_all ORDER BY id"
         ).fetchall()
 
 

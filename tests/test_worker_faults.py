@@ -31,7 +31,7 @@ RECOVERY = {"HOUSEKEEPING_INTERVAL_SECONDS": 0.3, "RETRY_BASE_SECONDS": 0.05, "R
 
 def _status_counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
     return dict(
-        conn.execute("SELECT status, count(*) FROM django_pgqueue_job GROUP BY 1").fetchall()
+        conn.execute("SELECT status, count(*) FROM django_pgqueue_job_all GROUP BY 1").fetchall()
     )
 
 

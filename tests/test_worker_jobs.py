@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from django_pgqueue.compat import TaskResultStatus, task_backends
-from django_pgqueue.models import Job
+from django_pgqueue.models import Job, LiveJob
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.values import JobSpec
 from tests import ledger, tasks
@@ -132,11 +132,11 @@ def test_unknown_task_waits_then_dead_letters_without_running(workers, observer)
 def test_a_worker_that_knows_the_task_picks_it_up_after_another_could_not(workers):
     # Rolling deploy: this worker cannot import the task (it serves an old release).
     job = Job.objects.enqueue("tests.tasks.noop")
-    Job.objects.filter(pk=job.pk).update(task_path="tests.tasks.not_yet_deployed")
+    LiveJob.objects.filter(pk=job.pk).update(task_path="tests.tasks.not_yet_deployed")
     assert workers("--burst").wait() == 0
     assert _job(job.pk).status == JobStatus.PENDING
     # The new release arrives (here: the path is fixed) and the job runs.
-    Job.objects.filter(pk=job.pk).update(
+    LiveJob.objects.filter(pk=job.pk).update(
         task_path="tests.tasks.noop", available_at=_job(job.pk).created_at
     )
     assert workers("--burst").wait() == 0

@@ -107,7 +107,7 @@ def test_a_stop_signal_drains_the_reloading_worker(workers, observer, signum):
         worker.send(signum)
     assert worker.wait(60) == 0
     assert observer.execute(
-        "SELECT status FROM django_pgqueue_job WHERE id = %s", [job.id]
+        "SELECT status FROM django_pgqueue_job_all WHERE id = %s", [job.id]
     ).fetchone() == ("succeeded",)
     events = [
         row[0]
@@ -182,14 +182,15 @@ def test_a_syntax_error_keeps_the_worker_watching_and_the_fix_restarts_it(
             job = Job.objects.enqueue(f"{app}.tasks.code_version")
             wait_for(
                 lambda: observer.execute(
-                    "SELECT result FROM django_pgqueue_job WHERE id = %s AND status = 'succeeded'",
+                    "SELECT result "
+                    "FROM django_pgqueue_job_all WHERE id = %s AND status = 'succeeded'",
                     [job.pk],
                 ).fetchone(),
                 timeout=60,
                 message=f"job {job.pk} to succeed with {version!r}\n{output()}",
             )
             (result,) = observer.execute(
-                "SELECT result FROM django_pgqueue_job WHERE id = %s", [job.pk]
+                "SELECT result FROM django_pgqueue_job_all WHERE id = %s", [job.pk]
             ).fetchone()
             assert json.loads(result) == version
 

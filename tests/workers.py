@@ -42,6 +42,7 @@ class WorkerProcess:
         *args: str,
         settings: dict[str, Any] | None = None,
         verbosity: int = 1,
+        cwd: Path | None = None,
     ) -> None:
         self.db_url = db_url
         self.args = args
@@ -61,7 +62,9 @@ class WorkerProcess:
             env[f"PGQUEUE_{key}"] = json.dumps(value)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.manage", "runqueueworker", f"-v{verbosity}", *args],
-            cwd=REPO,
+            # Another checkout (an older release's code, for rolling-deploy tests) runs its
+            # own package and test settings.
+            cwd=cwd or REPO,
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,

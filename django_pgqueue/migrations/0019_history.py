@@ -1,9 +1,9 @@
 """The history tier: finished jobs leave the job table for a partitioned history.
 
 ``django_pgqueue_job_history`` has the job table's columns and one more,
-``history_class``: it is partitioned by LIST on that class (one per final status, and
-one per final status of each queue given its own retention) and each class by RANGE on
-``finished_at`` (an hour, a day or a week per partition, PGQUEUE_HISTORY_PERIOD), with a
+``history_class``: it is partitioned by LIST on the final status, each status by LIST on
+the class (one per final status, and one per final status of each queue given its own
+retention) and each class by RANGE on ``finished_at`` (an hour, a day or a week per partition, PGQUEUE_HISTORY_PERIOD), with a
 DEFAULT partition so a row whose period has no partition yet is never refused.
 Retention drops whole partitions (``django_pgqueue_prune_history``), which writes a
 few catalog rows, whatever the row count. Partitions are made ahead by housekeeping
@@ -70,8 +70,16 @@ HISTORY_TABLE = """
 CREATE TABLE django_pgqueue_job_history (
     LIKE django_pgqueue_job INCLUDING DEFAULTS INCLUDING COMMENTS,
     history_class smallint NOT NULL
-) PARTITION BY LIST (history_class)
+) PARTITION BY LIST (status)
 """
+
+# One table per final status first, each partitioned by class: a query filtering on the
+# status (the admin's status filter, the dead-letter page) reads only its partitions.
+STATUS_TABLES = tuple(
+    f"CREATE TABLE django_pgqueue_job_history_{status} PARTITION OF "
+    f"django_pgqueue_job_history FOR VALUES IN ('{status}') PARTITION BY LIST (history_class)"
+    for status in ("succeeded", "cancelled", "dead_letter")
+)
 
 # Partitioned indexes: every partition, made now or attached later, gets its own.
 # pgq_hist_id: lookups by id (results, waits, the admin's job page, retry); ids are
@@ -84,6 +92,9 @@ HISTORY_INDEXES = (
     # The dead-letter page: grouped by task and error class, newest first.
     "CREATE INDEX pgq_hist_dead ON django_pgqueue_job_history "
     "(task_path, last_error_class, id) WHERE status = 'dead_letter'",
+    # Admin created-at range filters (finish-time ranges prune partitions instead).
+    "CREATE INDEX pgq_hist_created_brin ON django_pgqueue_job_history USING brin "
+    "(created_at) WITH (pages_per_range = 16)",
     # Admin filters by queue, task and partition key: rows arrive in finish order, so
     # bloom summaries of a few pages read only the ranges holding a rare value.
     "CREATE INDEX pgq_hist_filter_brin ON django_pgqueue_job_history USING brin ("
@@ -131,7 +142,7 @@ DECLARE
 BEGIN
     created := 0;
     skipped := 0;
-    FOR cls IN SELECT id FROM django_pgqueue_history_class ORDER BY id LOOP
+    FOR cls IN SELECT id, status FROM django_pgqueue_history_class ORDER BY id LOOP
         parent := 'django_pgqueue_job_history_c' || cls.id;
         IF to_regclass(quote_ident(parent)) IS NULL THEN
             EXECUTE format(
@@ -139,9 +150,8 @@ BEGIN
                 'PARTITION BY RANGE (finished_at)', parent);
             EXECUTE format('CREATE TABLE %I PARTITION OF %I DEFAULT',
                 parent || '_default', parent);
-            EXECUTE format(
-                'ALTER TABLE django_pgqueue_job_history ATTACH PARTITION %I '
-                'FOR VALUES IN (%s)', parent, cls.id);
+            EXECUTE format('ALTER TABLE %I ATTACH PARTITION %I FOR VALUES IN (%s)',
+                'django_pgqueue_job_history_' || cls.status, parent, cls.id);
         END IF;
         start_at := django_pgqueue_history_period_start(now(), period);
         FOR i IN 0..ahead LOOP
@@ -371,7 +381,7 @@ class Migration(migrations.Migration):
             reverse_sql="DROP TABLE django_pgqueue_history_class",
         ),
         migrations.RunSQL(
-            sql=[HISTORY_TABLE, *HISTORY_INDEXES, HISTORY_COMMENT],
+            sql=[HISTORY_TABLE, *STATUS_TABLES, *HISTORY_INDEXES, HISTORY_COMMENT],
             reverse_sql="DROP TABLE django_pgqueue_job_history",
         ),
         migrations.RunSQL(

@@ -6,7 +6,7 @@ and the migrations use (``django_pgqueue.models.Job``, ``django_pgqueue.models.B
 
 # In the order the tables were added: Django lists an app's tables (in checks, in
 # "tables missing") in the order its models were defined, the inbox first.
-from django_pgqueue.models.job import DeadLetter, Dependency, Job, Lag  # isort: skip
+from django_pgqueue.models.job import DeadLetter, Dependency, Job, Lag, LiveJob  # isort: skip
 from django_pgqueue.models.flow import (  # isort: skip
     ConcurrencyKey,
     ConcurrencySignal,
@@ -17,7 +17,11 @@ from django_pgqueue.models.workers import QueueStat, Worker  # isort: skip
 from django_pgqueue.models.schedules import Schedule, ScheduleSource  # isort: skip
 from django_pgqueue.models.pauses import QueuePause  # isort: skip
 from django_pgqueue.models.sqlapi import SqlSettings  # isort: skip
-from django_pgqueue.models.history import HistoryClass  # isort: skip
+from django_pgqueue.models.history import (  # isort: skip
+    HistoryClass,
+    HistoryJob,
+    IdempotencyKey,
+)
 
 # isort: split
 from django_pgqueue.models.base import BrinIndex
@@ -30,9 +34,12 @@ __all__ = [
     "DeadLetter",
     "Dependency",
     "HistoryClass",
+    "HistoryJob",
+    "IdempotencyKey",
     "Job",
     "JobManager",
     "Lag",
+    "LiveJob",
     "Partition",
     "PartitionSignal",
     "QueuePause",

@@ -8,7 +8,9 @@ from django.core.checks import CheckMessage
 from django.db import models
 
 #: Django's warnings that a database keeps no comments on tables and columns.
-COMMENT_WARNINGS = frozenset({"fields.W163", "models.W046"})
+#: Comments on columns and tables, and (HistoryClass) a NULLS NOT DISTINCT constraint:
+#: what PostgreSQL has and other databases do not.
+COMMENT_WARNINGS = frozenset({"fields.W163", "models.W046", "models.W047"})
 
 
 def no_comment_warnings[M: models.Model](model: type[M]) -> type[M]:

@@ -1,4 +1,4 @@
-"""The history tier's retention classes (the partitioned table itself is raw SQL).
+"""The history tier: retention classes, taken idempotency keys, and the two tables' names.
 
 A finished job leaves the job table for ``django_pgqueue_job_history`` (migration 0019),
 partitioned by class and then by finish time. A class is a final status, for every
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils.translation import gettext_lazy as _
 
-from django_pgqueue.limits import QUEUE_MAX_LENGTH
+from django_pgqueue.limits import KEY_MAX_LENGTH, QUEUE_MAX_LENGTH
 from django_pgqueue.models.base import no_comment_warnings
 from django_pgqueue.states import TERMINAL_STATUSES, JobStatus
 
@@ -77,3 +78,53 @@ class HistoryClass(models.Model):
 
     def __str__(self) -> str:
         return f"{self.status} ({self.queue or 'every queue'})"
+
+
+@no_comment_warnings
+class IdempotencyKey(models.Model):
+    """An idempotency key taken by a job in either tier (migration 0020).
+
+    Taken when the job is inserted and kept after it finishes (a unique index cannot
+    span the two tiers); housekeeping frees a key once no job holds it any more.
+    """
+
+    idempotency_key = models.CharField(
+        _("idempotency key"), max_length=KEY_MAX_LENGTH, primary_key=True
+    )
+    checked_at = models.DateTimeField(
+        _("last checked at"),
+        db_default=Now(),
+        db_comment="When housekeeping last found a job holding the key "
+        "(it frees a key no job holds any more).",
+    )
+
+    class Meta:
+        db_table = "django_pgqueue_job_key"
+        db_table_comment = (
+            "django-pgqueue: idempotency keys taken, by a job in either tier; "
+            "written only by the queue's SQL."
+        )
+        verbose_name = _("idempotency key")
+        verbose_name_plural = _("idempotency keys")
+        indexes = (models.Index(fields=["checked_at"], name="pgq_key_checked"),)
+
+    def __str__(self) -> str:
+        return self.idempotency_key
+
+
+@no_comment_warnings
+class HistoryJob(models.Model):
+    """The history tier's partitioned table, ``django_pgqueue_job_history``, named for
+    Django only (as :class:`LiveJob`)."""
+
+    id = models.BigAutoField(primary_key=True)
+
+    class Meta:
+        db_table = "django_pgqueue_job_history"
+        db_table_comment = (
+            "django-pgqueue: finished jobs, partitioned by retention class and finish "
+            "time; written only by the queue's SQL."
+        )
+
+    def __str__(self) -> str:
+        return f"#{self.pk}"

@@ -5,7 +5,9 @@ comments say which. The status literals in index predicates must match the SQL e
 because PostgreSQL only uses a partial index when the query's WHERE clause implies the
 index predicate. ``tests/test_indexes.py`` holds the claim to its index with EXPLAIN.
 
-Rows are written only by the queue store (``Job.objects``), never through the ORM.
+Rows are written only by the queue store (``Job.objects``), never through the ORM. The
+model reads both tiers: jobs that can still run (the table ``django_pgqueue_job``) and
+finished ones (``django_pgqueue_job_history``), through the view ``django_pgqueue_job_all``.
 """
 
 from __future__ import annotations
@@ -46,9 +48,8 @@ _LIMITED = Q(concurrency_key__isnull=False)
 _UNLIMITED = Q(concurrency_key__isnull=True)
 
 
-@no_comment_warnings
-class Job(models.Model):
-    """One unit of work: a task call waiting, running or finished."""
+class JobColumns(models.Model):
+    """The columns of a job, shared by the job table, the history and the view of both."""
 
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(_("queue"), max_length=QUEUE_MAX_LENGTH)
@@ -177,11 +178,25 @@ class Job(models.Model):
         db_comment="A wait() is (or was) waiting for this job: its end is NOTIFYed.",
     )
 
+    class Meta:
+        abstract = True
+
+
+@no_comment_warnings
+class Job(JobColumns):
+    """One unit of work: a task call waiting, running or finished (in either tier)."""
+
     objects: ClassVar[JobManager] = JobManager()
 
     class Meta:
-        db_table = "django_pgqueue_job"
-        db_table_comment = "django-pgqueue inbox; written only by the queue manager."
+        # Both tiers (migration 0020): the live table django_pgqueue_job and the
+        # partitioned history. The indexes and constraints below are the live table's,
+        # declared here since 0001; a migration changing them addresses LiveJob (the
+        # job table), never this view. Not managed: Django creates, flushes and checks
+        # the two tables (LiveJob, HistoryJob), never the view.
+        managed = False
+        db_table = "django_pgqueue_job_all"
+        db_table_comment = "django-pgqueue: every job, live and finished (a view)."
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
         ordering = ("-id",)
@@ -360,6 +375,26 @@ class Job(models.Model):
         A snooze's entry has a ``snoozed`` key (the seconds asked for) and no exception.
         """
         return list(self.errors or [])
+
+
+@no_comment_warnings
+class LiveJob(JobColumns):
+    """The live tier's table, ``django_pgqueue_job``: the jobs that can still run.
+
+    Its indexes, constraints and triggers are defined by the migrations' SQL (see
+    :class:`~django_pgqueue.models.Job`, which reads both tiers and declares them).
+    Rows are written only by the queue store; tests and scripts that must set up a
+    state by hand write here, never to ``Job`` (a view).
+    """
+
+    class Meta:
+        db_table = "django_pgqueue_job"
+        db_table_comment = "django-pgqueue inbox; written only by the queue manager."
+        verbose_name = _("live job")
+        verbose_name_plural = _("live jobs")
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.task_path} [{self.status}]"
 
 
 @no_comment_warnings

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django_pgqueue.limits import HISTORY_PERIODS
+from django_pgqueue.limits import HISTORY_PERIODS, RETENTION_STATUSES
 from django_pgqueue.states import JobStatus
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "HistoryPartition",
     "HistoryPrune",
     "RetentionClass",
+    "classes_from",
     "default_classes",
 ]
 
@@ -56,6 +57,21 @@ class HistoryPartition:
     lower_bound: datetime | None
     upper_bound: datetime | None
     rows_estimate: int
+
+
+def classes_from(retention: dict[str | None, dict[str, float | None]]) -> list[RetentionClass]:
+    """Return the classes of a resolved PGQUEUE_RETENTION (``conf.RETENTION``): the three
+    every-queue ones first, then one per status a queue gives its own retention."""
+    every = retention[None]
+    classes = [RetentionClass(status, None, every[status]) for status in RETENTION_STATUSES]
+    for queue, own in retention.items():
+        if queue is not None:
+            classes.extend(
+                RetentionClass(status, queue, own[status])
+                for status in RETENTION_STATUSES
+                if status in own
+            )
+    return classes
 
 
 def default_classes(

@@ -14,14 +14,26 @@ from dataclasses import dataclass
 
 from django_pgqueue.conf import conf
 from django_pgqueue.store.queue import QueueStore
-from django_pgqueue.store.retention import HistoryPrune, default_classes
+from django_pgqueue.store.retention import HistoryPrune, classes_from
 
-__all__ = ["LOCK_WAIT_SECONDS", "MAX_DROPS", "HistoryUpkeep", "maintain_history", "prune_history"]
+__all__ = [
+    "KEY_RECHECK_SECONDS",
+    "LOCK_WAIT_SECONDS",
+    "MAX_DROPS",
+    "HistoryUpkeep",
+    "maintain_history",
+    "move_finished",
+    "prune_history",
+    "prune_idempotency_keys",
+]
 
 #: The longest a history step waits for a lock (a partition's, the history table's).
 LOCK_WAIT_SECONDS = 0.5
 #: Partitions dropped per pass at most: each drop holds its parent's lock until commit.
 MAX_DROPS = 50
+#: How often a taken idempotency key is checked for a job still holding it: a key is
+#: free again at most this long (plus a pass) after its job was pruned.
+KEY_RECHECK_SECONDS = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +48,7 @@ class HistoryUpkeep:
 def maintain_history(store: QueueStore) -> HistoryUpkeep:
     """Write the retention classes and make the missing partitions, in one transaction."""
     store.limit_lock_wait(timeout_seconds=LOCK_WAIT_SECONDS)
-    classes = default_classes(
-        finished_seconds=conf.RETENTION_SECONDS,
-        dead_letter_seconds=conf.DEAD_LETTER_RETENTION_SECONDS,
-    )
-    written, retired = store.sync_history_classes(classes)
+    written, retired = store.sync_history_classes(classes_from(conf.resolved_retention()))
     made, skipped = store.ensure_history_partitions(
         period=conf.HISTORY_PERIOD, ahead=conf.HISTORY_PREMAKE
     )
@@ -53,3 +61,15 @@ def prune_history(store: QueueStore) -> HistoryPrune:
     """Drop the partitions past their class's retention (and expired DEFAULT rows)."""
     store.limit_lock_wait(timeout_seconds=LOCK_WAIT_SECONDS)
     return store.prune_history(max_drops=MAX_DROPS, default_limit=conf.PRUNE_BATCH_SIZE)
+
+
+def move_finished(store: QueueStore) -> int:
+    """Move a batch of finished jobs left in the job table to the history."""
+    return store.move_finished(limit=conf.PRUNE_BATCH_SIZE)
+
+
+def prune_idempotency_keys(store: QueueStore) -> int:
+    """Free a batch of idempotency keys whose jobs are gone from both tiers."""
+    return store.prune_idempotency_keys(
+        limit=conf.PRUNE_BATCH_SIZE, recheck_seconds=KEY_RECHECK_SECONDS
+    )

@@ -27,7 +27,12 @@ from django_pgqueue.store.queue import LAZY_FOLD_BATCH, QueueStore
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ReapedJob
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
-from django_pgqueue.worker.history import maintain_history, prune_history
+from django_pgqueue.worker.history import (
+    maintain_history,
+    move_finished,
+    prune_history,
+    prune_idempotency_keys,
+)
 
 __all__ = ["Housekeeper", "HousekeepingReport", "PartitionRepair", "run_pass"]
 
@@ -54,11 +59,16 @@ class HousekeepingReport:
     partitions_repaired: int = 0
     history_partitions_made: int = 0
     history_partitions_dropped: int = 0
+    moved_to_history: int = 0
 
     @property
     def more_to_do(self) -> bool:
         """Return whether a batch came back full, so another pass should follow soon."""
-        return self.reaped >= REAP_BATCH or self.pruned >= conf.PRUNE_BATCH_SIZE
+        return (
+            self.reaped >= REAP_BATCH
+            or self.pruned >= conf.PRUNE_BATCH_SIZE
+            or self.moved_to_history >= conf.PRUNE_BATCH_SIZE
+        )
 
 
 def _step[T](slot: ConnectionSlot, work: Callable[[QueueStore], T]) -> tuple[bool, T | None]:
@@ -148,7 +158,9 @@ def run_pass(
     _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
     _step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
     _, upkeep = _step(slot, maintain_history)
+    _, moved = _step(slot, move_finished)
     _, history = _step(slot, prune_history)
+    _step(slot, prune_idempotency_keys)
     if history is not None:
         pruned += history.deleted
     repaired = 0
@@ -164,6 +176,7 @@ def run_pass(
         partitions_repaired=repaired,
         history_partitions_made=upkeep.partitions_made if upkeep else 0,
         history_partitions_dropped=history.dropped if history else 0,
+        moved_to_history=moved or 0,
     )
     if history is not None and (history.dropped or history.deferred):
         logger.info(
@@ -179,6 +192,8 @@ def run_pass(
             "period length, rows in a DEFAULT partition, or a lock); retried next pass",
             upkeep.partitions_skipped,
         )
+    if moved:
+        logger.info("housekeeping: %d finished jobs moved to the history", moved)
     if reaped or dead_workers or pruned or repaired:
         logger.info(
             "housekeeping: %d expired leases recovered (%d dead-lettered), %d silent workers "

@@ -9,17 +9,30 @@
 
 
 -- name: estimated_job_count
--- The planner's estimate of the job table's rows: reltuples scaled to the current size,
--- as the planner itself does. NULL until the table has been analyzed.
--- Uses no index: it reads pg_class only.
+-- The planner's estimate of the jobs of both tiers: each table's reltuples scaled to its
+-- current size, as the planner itself does, summed over the job table and the history's
+-- partitions (one not analyzed yet counts as empty). NULL until the job table has been
+-- analyzed. Uses no index: it reads pg_class only.
 SELECT (
-    CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN NULL
-    ELSE cls.reltuples / cls.relpages
-        * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
-    END
+    (
+        SELECT CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN NULL
+            ELSE cls.reltuples / cls.relpages
+                * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
+            END
+        FROM pg_class AS cls
+        WHERE cls.oid = 'django_pgqueue_job'::regclass
+    ) + COALESCE((
+        SELECT sum(
+            CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN 0
+            ELSE cls.reltuples / cls.relpages
+                * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
+            END
+        )
+        FROM pg_partition_tree('django_pgqueue_job_history'::regclass) AS tree
+        JOIN pg_class AS cls ON cls.oid = tree.relid
+        WHERE tree.isleaf
+    ), 0)
 )::bigint AS estimate
-FROM pg_class AS cls
-WHERE cls.oid = 'django_pgqueue_job'::regclass
 
 
 -- name: job_table_health
@@ -75,7 +88,7 @@ WITH RECURSIVE pending_queue AS (
 dead_queue AS (
     (
         SELECT job.queue
-        FROM django_pgqueue_job AS job
+        FROM django_pgqueue_job_all AS job
         WHERE job.status = 'dead_letter'
         ORDER BY job.queue
         LIMIT 1
@@ -83,7 +96,7 @@ dead_queue AS (
     UNION ALL
     SELECT (
         SELECT job.queue
-        FROM django_pgqueue_job AS job
+        FROM django_pgqueue_job_all AS job
         WHERE job.status = 'dead_letter'
           AND job.queue > previous.queue
         ORDER BY job.queue
@@ -189,7 +202,7 @@ SELECT
         SELECT count(*)
         FROM (
             SELECT 1
-            FROM django_pgqueue_job AS job
+            FROM django_pgqueue_job_all AS job
             WHERE job.status = 'dead_letter'
               AND job.queue = wanted.queue
             LIMIT %(count_limit)s
@@ -232,11 +245,11 @@ SELECT grp.task_path, grp.last_error_class, grp.jobs, sample.id AS sample_job_id
     sample.finished_at AS sample_finished_at
 FROM (
     SELECT job.task_path, job.last_error_class, count(*) AS jobs, max(job.id) AS newest_id
-    FROM django_pgqueue_job AS job
+    FROM django_pgqueue_job_all AS job
     WHERE job.status = 'dead_letter'
     GROUP BY job.task_path, job.last_error_class
 ) AS grp
-JOIN django_pgqueue_job AS sample ON sample.id = grp.newest_id
+JOIN django_pgqueue_job_all AS sample ON sample.id = grp.newest_id
 ORDER BY grp.jobs DESC, grp.task_path, grp.last_error_class NULLS FIRST
 LIMIT %(limit)s
 

@@ -12,12 +12,28 @@
 -- committed, so the settling trigger sees it; FOR NO KEY UPDATE, not FOR SHARE, because
 -- enqueue_after then flags the rows (two producers sharing a blocker would otherwise
 -- both hold SHARE and deadlock on the upgrade). Id order: every producer locks alike.
--- Rows are found by primary key.
-SELECT job.id, job.status
-FROM django_pgqueue_job AS job
-WHERE job.id = ANY (%(blocker_ids)s::bigint[])
-ORDER BY job.id
-FOR NO KEY UPDATE
+-- A blocker may have finished and moved to the history (where its row is locked
+-- alike: a retry bringing it back waits for the producer). The job table is locked
+-- first, then the history, as every statement touching both does. A blocker moving
+-- between the tiers at this instant is in neither snapshot: the caller asks again.
+-- Rows are found by primary key, and pgq_hist_id in each history partition.
+WITH live AS (
+    SELECT job.id, job.status
+    FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (%(blocker_ids)s::bigint[])
+    ORDER BY job.id
+    FOR NO KEY UPDATE
+),
+finished AS (
+    SELECT finished.id, finished.status
+    FROM django_pgqueue_job_history AS finished
+    WHERE finished.id = ANY (%(blocker_ids)s::bigint[])
+    ORDER BY finished.id
+    FOR NO KEY UPDATE
+)
+SELECT live.id, live.status FROM live
+UNION ALL
+SELECT finished.id, finished.status FROM finished
 
 
 -- name: enqueue_after
@@ -57,6 +73,13 @@ flagged AS (
     SET has_dependents = true
     WHERE job.id = ANY (%(blocker_ids)s::bigint[])
       AND NOT job.has_dependents
+),
+flagged_finished AS (
+    -- A finished blocker keeps the flag for when a retry brings it back.
+    UPDATE django_pgqueue_job_history AS finished
+    SET has_dependents = true
+    WHERE finished.id = ANY (%(blocker_ids)s::bigint[])
+      AND NOT finished.has_dependents
 ),
 woken AS (
     SELECT pg_notify(%(channel)s::text, inserted.queue)
@@ -145,13 +168,30 @@ other_edges AS (
     WHERE dep.job_id = ANY (ARRAY(SELECT candidates.id FROM candidates))
       AND NOT dep.blocker_id = ANY (%(job_ids)s::bigint[])
       AND NOT dep.blocker_id = ANY (ARRAY(SELECT candidates.id FROM candidates))
+      AND EXISTS (
+          SELECT 1 FROM django_pgqueue_job_all AS blocker WHERE blocker.id = dep.blocker_id
+      )
 ),
-other_blockers AS (
+live_other_blockers AS (
     SELECT blocker.id, blocker.status
     FROM django_pgqueue_job AS blocker
     WHERE blocker.id = ANY (ARRAY(SELECT other_edges.blocker_id FROM other_edges))
     ORDER BY blocker.id
     FOR NO KEY UPDATE SKIP LOCKED
+),
+finished_other_blockers AS (
+    -- Locked after the job table's rows, as every statement touching both tiers does.
+    SELECT blocker.id, blocker.status
+    FROM django_pgqueue_job_history AS blocker
+    WHERE blocker.id = ANY (ARRAY(SELECT other_edges.blocker_id FROM other_edges))
+    ORDER BY blocker.id
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+other_blockers AS (
+    SELECT live_other_blockers.id, live_other_blockers.status FROM live_other_blockers
+    UNION ALL
+    SELECT finished_other_blockers.id, finished_other_blockers.status
+    FROM finished_other_blockers
 ),
 held_back (job_id) AS (
     SELECT other_edges.job_id
@@ -201,7 +241,7 @@ SELECT revived.id FROM revived
 -- dead-letter page offers to revive them). pgq_dep_blocker.
 SELECT dep.blocker_id, job.id, job.task_path, job.queue
 FROM django_pgqueue_dependency AS dep
-JOIN django_pgqueue_job AS job ON job.id = dep.job_id
+JOIN django_pgqueue_job_all AS job ON job.id = dep.job_id
 WHERE dep.blocker_id = ANY (%(job_ids)s::bigint[])
   AND dep.cancelled_job
   AND job.status = 'cancelled'
@@ -229,5 +269,5 @@ marked AS (
     RETURNING job.id
 )
 SELECT job.status, job.awaited OR EXISTS (SELECT 1 FROM marked) AS awaited
-FROM django_pgqueue_job AS job
+FROM django_pgqueue_job_all AS job
 WHERE job.id = %(job_id)s

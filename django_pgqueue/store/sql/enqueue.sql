@@ -177,7 +177,7 @@ SELECT inserted.*, true AS created,
 FROM inserted
 UNION ALL
 SELECT existing.*, false AS created, 0 AS notified
-FROM django_pgqueue_job AS existing
+FROM django_pgqueue_job_all AS existing
 WHERE existing.idempotency_key = %(idempotency_key)s
   AND NOT EXISTS (SELECT 1 FROM inserted)
 
@@ -305,7 +305,7 @@ FROM inserted
 -- Read the jobs holding the given idempotency keys (after ON CONFLICT skipped them).
 -- Uses pgq_job_idempotency_key.
 SELECT job.*, false AS created, 0 AS notified
-FROM django_pgqueue_job AS job
+FROM django_pgqueue_job_all AS job
 WHERE job.idempotency_key = ANY (%(idempotency_keys)s::text[])
 
 

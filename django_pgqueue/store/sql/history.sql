@@ -87,3 +87,100 @@ JOIN pg_inherits AS inh
   ON inh.inhparent = to_regclass(quote_ident('django_pgqueue_job_history_c' || cls.id))
 JOIN pg_class AS child ON child.oid = inh.inhrelid
 ORDER BY cls.id, upper_bound NULLS FIRST, child.relname
+
+
+-- name: move_finished
+-- Move up to `limit` finished jobs from the job table to the history, oldest finish
+-- first: the rows finished before migration 0020 (a few thousand per housekeeping
+-- pass, each batch its own short transaction, so the upgrade never holds the table),
+-- and rows an operator's retry brought back and did not retry. Every other finished
+-- job moves in the statement that finished it (django_pgqueue_job_to_history). Rows
+-- locked by someone else are skipped. The keys they hold are recorded as taken.
+-- pgq_job_finished, then the primary key.
+WITH target AS (
+    SELECT job.id
+    FROM django_pgqueue_job AS job
+    WHERE job.status IN ('succeeded', 'dead_letter', 'cancelled')
+    ORDER BY job.finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    DELETE FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
+      AND job.status IN ('succeeded', 'dead_letter', 'cancelled')
+    RETURNING job.*
+),
+keys AS (
+    INSERT INTO django_pgqueue_job_key (idempotency_key)
+    SELECT moved.idempotency_key FROM moved WHERE moved.idempotency_key IS NOT NULL
+    ON CONFLICT (idempotency_key) DO NOTHING
+),
+inserted AS (
+    INSERT INTO django_pgqueue_job_history (
+        id, queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+        lease_generation, claimed_by, claimed_at, lease_expires_at, available_at,
+        created_at, started_at, finished_at, last_error, last_error_class, errors,
+        result, idempotency_key, partition_key, partition_bucket, step,
+        unknown_task_since, traceparent, awaited, has_dependents, coalesce_key,
+        concurrency_key, concurrency_limit, rate_limit, rate_period,
+        cancel_requested_at, snoozes,
+        history_class
+    )
+    SELECT
+        moved.id, moved.queue, moved.task_path, moved.args, moved.kwargs,
+        moved.priority, moved.status, moved.attempts, moved.max_attempts,
+        moved.lease_generation, moved.claimed_by, moved.claimed_at,
+        moved.lease_expires_at, moved.available_at, moved.created_at, moved.started_at,
+        coalesce(moved.finished_at, now()), moved.last_error, moved.last_error_class,
+        moved.errors, moved.result, moved.idempotency_key, moved.partition_key,
+        moved.partition_bucket, moved.step, moved.unknown_task_since, moved.traceparent,
+        moved.awaited, moved.has_dependents, moved.coalesce_key, moved.concurrency_key,
+        moved.concurrency_limit, moved.rate_limit, moved.rate_period,
+        moved.cancel_requested_at, moved.snoozes,
+        django_pgqueue_history_class_of(moved.status, moved.queue)
+    FROM moved
+    RETURNING 1
+)
+SELECT count(*) AS moved FROM inserted
+
+
+-- name: prune_idempotency_keys
+-- Free up to `limit` idempotency keys no job holds any more (its job was pruned or
+-- discarded), checking the keys least recently found held first, each at most once
+-- per recheck_seconds; a key still held is marked checked. A key being taken right now
+-- by an uncommitted insert is not committed yet, so never a candidate.
+-- pgq_key_checked; pgq_job_idempotency_key and pgq_hist_idempotency_key.
+WITH candidates AS (
+    SELECT taken.idempotency_key
+    FROM django_pgqueue_job_key AS taken
+    WHERE taken.checked_at < now() - make_interval(secs => %(recheck_seconds)s)
+    ORDER BY taken.checked_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+held AS (
+    -- "= ANY (ARRAY(...))": probes of the keys' indexes, whatever the plan's estimates
+    -- (an EXISTS could become a hash join over the whole job table).
+    SELECT job.idempotency_key
+    FROM django_pgqueue_job AS job
+    WHERE job.idempotency_key = ANY (ARRAY(SELECT candidates.idempotency_key FROM candidates))
+    UNION
+    SELECT finished.idempotency_key
+    FROM django_pgqueue_job_history AS finished
+    WHERE finished.idempotency_key = ANY (
+        ARRAY(SELECT candidates.idempotency_key FROM candidates)
+    )
+),
+rechecked AS (
+    UPDATE django_pgqueue_job_key AS taken
+    SET checked_at = now()
+    WHERE taken.idempotency_key = ANY (ARRAY(SELECT held.idempotency_key FROM held))
+),
+freed AS (
+    DELETE FROM django_pgqueue_job_key AS taken
+    WHERE taken.idempotency_key = ANY (ARRAY(SELECT candidates.idempotency_key FROM candidates))
+      AND taken.idempotency_key <> ALL (ARRAY(SELECT held.idempotency_key FROM held))
+    RETURNING 1
+)
+SELECT count(*) AS freed FROM freed

@@ -11,6 +11,57 @@
 -- partition row it locked would hold up the workers' bookkeeping.
 
 
+-- name: bring_back
+-- Move dead-lettered or cancelled jobs back from the history to the job table, as they
+-- are, for retry_jobs (and, with_dependents, the dependents their failure cancelled,
+-- transitively, for revive_dependents) to work on in the same transaction. A row
+-- locked by someone else is left where it is (retry_jobs reports it busy). A row
+-- brought back but not retried then is moved to the history again by housekeeping.
+-- The key trigger lets a final row in with the key it already holds. pgq_dep_blocker
+-- for the walk, pgq_hist_id in each history partition.
+WITH RECURSIVE tree (job_id) AS (
+    SELECT unnest(%(job_ids)s::bigint[])
+    UNION
+    SELECT dep.job_id
+    FROM tree
+    JOIN django_pgqueue_dependency AS dep ON dep.blocker_id = tree.job_id
+    WHERE %(with_dependents)s::boolean
+      AND dep.cancelled_job
+),
+target AS (
+    SELECT finished.id
+    FROM django_pgqueue_job_history AS finished
+    WHERE finished.id = ANY (ARRAY(SELECT tree.job_id FROM tree))
+      AND finished.status IN ('dead_letter', 'cancelled')
+    ORDER BY finished.id
+    FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    DELETE FROM django_pgqueue_job_history AS finished
+    WHERE finished.id = ANY (ARRAY(SELECT target.id FROM target))
+    RETURNING finished.*
+)
+INSERT INTO django_pgqueue_job (
+    id, queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, claimed_by, claimed_at, lease_expires_at, available_at,
+    created_at, started_at, finished_at, last_error, last_error_class, errors,
+    result, idempotency_key, partition_key, partition_bucket, step,
+    unknown_task_since, traceparent, awaited, has_dependents, coalesce_key,
+    concurrency_key, concurrency_limit, rate_limit, rate_period,
+    cancel_requested_at, snoozes
+)
+SELECT
+    id, queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, claimed_by, claimed_at, lease_expires_at, available_at,
+    created_at, started_at, finished_at, last_error, last_error_class, errors,
+    result, idempotency_key, partition_key, partition_bucket, step,
+    unknown_task_since, traceparent, awaited, has_dependents, coalesce_key,
+    concurrency_key, concurrency_limit, rate_limit, rate_period,
+    cancel_requested_at, snoozes
+FROM moved
+RETURNING id
+
+
 -- name: retry_jobs
 -- Revive dead-lettered or cancelled jobs, attempts and snoozes reset, ready now: pending,
 -- or blocked if some job it runs after (after=) has not finished yet (it runs once they
@@ -36,16 +87,34 @@ WITH RECURSIVE target AS (
     FOR UPDATE SKIP LOCKED
 ),
 edges AS (
+    -- An edge whose blocker no longer exists in either tier (pruned) counts as gone,
+    -- as it was when pruning deleted edges with their jobs.
     SELECT dep.job_id, dep.blocker_id, dep.on_failure
     FROM django_pgqueue_dependency AS dep
     WHERE dep.job_id = ANY (ARRAY(SELECT target.id FROM target))
+      AND EXISTS (
+          SELECT 1 FROM django_pgqueue_job_all AS blocker WHERE blocker.id = dep.blocker_id
+      )
 ),
-blockers AS (
+live_blockers AS (
     SELECT blocker.id, blocker.status
     FROM django_pgqueue_job AS blocker
     WHERE blocker.id = ANY (ARRAY(SELECT edges.blocker_id FROM edges))
     ORDER BY blocker.id
     FOR NO KEY UPDATE SKIP LOCKED
+),
+finished_blockers AS (
+    -- In either tier: the job table first, then the history.
+    SELECT blocker.id, blocker.status
+    FROM django_pgqueue_job_history AS blocker
+    WHERE blocker.id = ANY (ARRAY(SELECT edges.blocker_id FROM edges))
+    ORDER BY blocker.id
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+blockers AS (
+    SELECT live_blockers.id, live_blockers.status FROM live_blockers
+    UNION ALL
+    SELECT finished_blockers.id, finished_blockers.status FROM finished_blockers
 ),
 held_back (id, busy) AS (
     -- Retried jobs that stay as they are: a blocker locked elsewhere (busy), or a
@@ -149,6 +218,13 @@ WHERE job.id = ANY (%(job_ids)s::bigint[])
       job.id <> ALL (ARRAY(SELECT target.id FROM target))
       OR job.id = ANY (ARRAY(SELECT decided.id FROM decided WHERE decided.busy))
   )
+UNION ALL
+-- Revivable, but still in the history: bring_back found its row locked (a producer
+-- enqueueing after it holds it until its commit).
+SELECT finished.id, false AS retried, 0 AS notified
+FROM django_pgqueue_job_history AS finished
+WHERE finished.id = ANY (%(job_ids)s::bigint[])
+  AND finished.status IN ('dead_letter', 'cancelled')
 
 
 -- name: run_jobs_now
@@ -296,7 +372,9 @@ FROM busy
 
 
 -- name: discard_jobs
--- Delete finished jobs (succeeded, dead-lettered or cancelled); others are skipped.
+-- Delete finished jobs (succeeded, dead-lettered or cancelled), in either tier, and free
+-- their idempotency keys; others are skipped. Rows locked by someone else are skipped
+-- too. Primary key, and pgq_hist_id in each history partition.
 WITH target AS (
     SELECT job.id
     FROM django_pgqueue_job AS job
@@ -304,7 +382,34 @@ WITH target AS (
       AND job.status IN ('succeeded', 'dead_letter', 'cancelled')
     ORDER BY job.id
     FOR UPDATE SKIP LOCKED
+),
+finished_target AS (
+    SELECT finished.id
+    FROM django_pgqueue_job_history AS finished
+    WHERE finished.id = ANY (%(job_ids)s::bigint[])
+    ORDER BY finished.id
+    FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM django_pgqueue_job AS job
+    WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
+    RETURNING job.id, job.idempotency_key
+),
+finished_gone AS (
+    DELETE FROM django_pgqueue_job_history AS finished
+    WHERE finished.id = ANY (ARRAY(SELECT finished_target.id FROM finished_target))
+    RETURNING finished.id, finished.idempotency_key
+),
+freed_keys AS (
+    -- A discarded job's key is free at once, as when the unique index held it.
+    DELETE FROM django_pgqueue_job_key AS taken
+    WHERE taken.idempotency_key = ANY (ARRAY(
+        SELECT gone.idempotency_key FROM gone WHERE gone.idempotency_key IS NOT NULL
+        UNION ALL
+        SELECT finished_gone.idempotency_key FROM finished_gone
+        WHERE finished_gone.idempotency_key IS NOT NULL
+    ))
 )
-DELETE FROM django_pgqueue_job AS job
-WHERE job.id = ANY (ARRAY(SELECT target.id FROM target))
-RETURNING job.id
+SELECT gone.id FROM gone
+UNION ALL
+SELECT finished_gone.id FROM finished_gone

@@ -324,5 +324,5 @@ FROM inserted
 -- The id and status of the jobs holding the given idempotency keys (the admin's "last
 -- fire" column). Uses pgq_job_idempotency_key.
 SELECT job.idempotency_key, job.id, job.status
-FROM django_pgqueue_job AS job
+FROM django_pgqueue_job_all AS job
 WHERE job.idempotency_key = ANY (%(keys)s::text[])

@@ -238,6 +238,12 @@ class EnqueueStatements(StoreBase):
         statuses = {row[0]: JobStatus(row[1]) for row in rows}
         missing = [job_id for job_id in blocker_ids if job_id not in statuses]
         if missing:
+            # One that moved to the history while the statement ran is in neither of its
+            # snapshots; the next statement's snapshot sees it there.
+            rows = self._run("lock_blockers", blocker_ids=blocker_ids).rows
+            statuses = {row[0]: JobStatus(row[1]) for row in rows}
+            missing = [job_id for job_id in blocker_ids if job_id not in statuses]
+        if missing:
             raise UnknownDependency(missing)
         status, last_error, cancelled_by = dependent_status(blocker_ids, statuses, on_failure)
         row = self._run(

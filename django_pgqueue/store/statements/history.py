@@ -52,3 +52,15 @@ class HistoryStatements(StoreBase):
     def history_partitions(self) -> list[HistoryPartition]:
         """Every partition of the history, by class, oldest first (the catalog only)."""
         return [HistoryPartition(*row) for row in self._run("history_partitions").rows]
+
+    def move_finished(self, *, limit: int) -> int:
+        """Move up to ``limit`` finished jobs left in the job table to the history."""
+        return int(self._run("move_finished", limit=limit).rows[0][0])
+
+    def prune_idempotency_keys(self, *, limit: int, recheck_seconds: float) -> int:
+        """Free up to ``limit`` idempotency keys no job holds any more; return how many."""
+        return int(
+            self._run("prune_idempotency_keys", limit=limit, recheck_seconds=recheck_seconds).rows[
+                0
+            ][0]
+        )

@@ -44,7 +44,15 @@ class OperatorStatements(DependencyStatements, MaintenanceStatements):
         ids = unique_ids(job_ids)
         with self.runner.atomic():
             result = self._operate_patiently(
-                "retry_jobs", ids, channel=conf.NOTIFY_CHANNEL, flow_channel=flow_channel()
+                "retry_jobs",
+                ids,
+                # Finished jobs are in the history: back to the job table first, in this
+                # transaction (with the dependents to revive), on every try.
+                prepare=lambda chunk: self._run(
+                    "bring_back", job_ids=chunk, with_dependents=revive_dependents
+                ),
+                channel=conf.NOTIFY_CHANNEL,
+                flow_channel=flow_channel(),
             )
             if revive_dependents and result.done:
                 self.revive_dependents(result.done)
@@ -92,6 +100,7 @@ class OperatorStatements(DependencyStatements, MaintenanceStatements):
         ids: list[int],
         *,
         on_row: Callable[[tuple[Any, ...]], None] | None = None,
+        prepare: Callable[[list[int]], object] | None = None,
         **params: Any,
     ) -> OperatorResult:
         """Run an operator statement whose rows say (id, applied, ...), retrying busy ids.
@@ -106,9 +115,10 @@ class OperatorStatements(DependencyStatements, MaintenanceStatements):
         while True:
             busy: list[int] = []
             for start in range(0, len(waiting), OPERATOR_CHUNK):
-                rows = self._run(
-                    name, job_ids=waiting[start : start + OPERATOR_CHUNK], **params
-                ).rows
+                chunk = waiting[start : start + OPERATOR_CHUNK]
+                if prepare is not None:
+                    prepare(chunk)
+                rows = self._run(name, job_ids=chunk, **params).rows
                 for row in rows:
                     if row[1]:
                         done.append(row[0])

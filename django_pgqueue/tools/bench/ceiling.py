@@ -76,15 +76,30 @@ RETURNING job.id, job.lease_generation
 """
 
 #: A completion fenced per job as the worker's is (id, lease generation, holder,
-#: status), without its lock ordering or its partition and limit refreshes.
+#: status) that moves the row to the history as the worker's does (a DELETE and an
+#: INSERT into the class's partition), without its lock ordering, its partition and
+#: limit refreshes, its keys and its dependents.
 _CEILING_COMPLETE = """
-UPDATE django_pgqueue_job AS job
-SET status = 'succeeded', result = 'null', finished_at = now(), lease_expires_at = NULL
-FROM unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS done (id, lease_generation)
-WHERE job.id = done.id
-  AND job.lease_generation = done.lease_generation
-  AND job.claimed_by = 'queuebench ceiling'
-  AND job.status = 'processing'
+WITH gone AS (
+    DELETE FROM django_pgqueue_job AS job
+    USING unnest(%(ids)s::bigint[], %(generations)s::bigint[]) AS done (id, lease_generation)
+    WHERE job.id = done.id
+      AND job.lease_generation = done.lease_generation
+      AND job.claimed_by = 'queuebench ceiling'
+      AND job.status = 'processing'
+    RETURNING job.*
+)
+INSERT INTO django_pgqueue_job_history (
+    id, queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+    lease_generation, claimed_by, claimed_at, available_at, created_at, started_at,
+    finished_at, errors, result, has_dependents, awaited, snoozes, history_class
+)
+SELECT gone.id, gone.queue, gone.task_path, gone.args, gone.kwargs, gone.priority,
+    'succeeded', gone.attempts, gone.max_attempts, gone.lease_generation, gone.claimed_by,
+    gone.claimed_at, gone.available_at, gone.created_at, gone.started_at, now(),
+    gone.errors, 'null', gone.has_dependents, gone.awaited, gone.snoozes,
+    django_pgqueue_history_class_of('succeeded', gone.queue)
+FROM gone
 """
 
 
@@ -121,10 +136,11 @@ def _ceiling_rates(conn: Any, config: BenchConfig) -> dict[str, float]:
                     {"ids": [row[0] for row in rows], "generations": [row[1] for row in rows]},
                 )
         elapsed = time.perf_counter() - started
-        conn.execute(
-            "DELETE FROM django_pgqueue_job WHERE queue = %s AND task_path = 'ceiling'",
-            [config.queue],
-        )
+        for table in ("django_pgqueue_job", "django_pgqueue_job_history"):
+            conn.execute(
+                f"DELETE FROM {table} WHERE queue = %s AND task_path = 'ceiling'",
+                [config.queue],
+            )
         if claimed != config.ceiling_jobs:
             raise BenchmarkError(
                 f"the {name} ceiling claimed {claimed} of {config.ceiling_jobs} rows"

@@ -101,7 +101,7 @@ class BenchReport:
             f"  {c['jobs']} jobs x {c['repeat']} runs; {c['processes']} processes x "
             f"concurrency {c['concurrency']}, batch {c['batch_size']}, prefetch {c['prefetch']}, "
             f"prefetch window {c['prefetch_window']:g}s; "
-            f"{c['prefill']} finished jobs already in the table",
+            f"{c['prefill']} finished jobs already in the history",
             f"  workers: {' '.join(worker_command(BenchConfig(**c), burst=True))}"
             f" (verbosity {c['verbosity']}: their logging is runqueueworker's)",
             "  Django DEBUG is on: enqueues also record their queries, as production does not"

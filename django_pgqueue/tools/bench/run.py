@@ -29,16 +29,19 @@ from django_pgqueue.tools.bench.workers import (
     wait_registered,
 )
 
+# Finished jobs as the workers leave them: in the history tier, today's partition of
+# the succeeded class.
 _PREFILL_SQL = """
-INSERT INTO django_pgqueue_job (
-    queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
+INSERT INTO django_pgqueue_job_history (
+    id, queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
     lease_generation, claimed_by, available_at, created_at, started_at, finished_at,
-    errors, result
+    errors, result, history_class
 )
-SELECT %(queue)s, 'django_pgqueue.tools.bench.tasks.noop', '[]', '{}', 0, 'succeeded', 1, 1, 1,
-    'prefill',
-    now() - interval '1 hour', now() - interval '1 hour', now() - interval '1 hour',
-    now() - interval '1 hour', '[]', 'null'
+SELECT nextval(pg_get_serial_sequence('django_pgqueue_job', 'id')), %(queue)s::text,
+    'django_pgqueue.tools.bench.tasks.noop', '[]', '{}', 0, 'succeeded', 1, 1, 1, 'prefill',
+    now() - interval '1 minute', now() - interval '1 minute', now() - interval '1 minute',
+    now() - interval '1 minute', '[]', 'null',
+    django_pgqueue_history_class_of('succeeded', %(queue)s::text)
 FROM generate_series(1, %(rows)s)
 """
 
@@ -56,7 +59,7 @@ def run_benchmark(
         if config.prefill:
             progress(f"prefilling {config.prefill:,} finished jobs")
             conn.execute(_PREFILL_SQL, {"queue": config.queue, "rows": config.prefill})
-            conn.execute("VACUUM ANALYZE django_pgqueue_job")
+            conn.execute("VACUUM ANALYZE django_pgqueue_job_history")
         progress(f"single enqueues: {config.single_enqueues:,}")
         report.single_insert_floor_per_second = insert_floor(config)
         report.single_enqueue_per_second = _single_enqueues(config, atomic=False)
@@ -109,6 +112,7 @@ def run_benchmark(
 
 def _cleanup(conn: Any, config: BenchConfig) -> None:
     conn.execute("DELETE FROM django_pgqueue_job WHERE queue = %s", [config.queue])
+    conn.execute("DELETE FROM django_pgqueue_job_history WHERE queue = %s", [config.queue])
     conn.execute("DELETE FROM django_pgqueue_worker WHERE queues ? %s", [config.queue])
     conn.execute("DELETE FROM django_pgqueue_queuestat WHERE queue = %s", [config.queue])
 
@@ -198,7 +202,7 @@ def _bulk_enqueue(config: BenchConfig, count: int) -> tuple[int, float]:
 def _drain_rate(conn: Any, config: BenchConfig, first_id: int) -> float:
     row = conn.execute(
         "SELECT count(*), extract(epoch FROM max(finished_at) - min(claimed_at)) "
-        "FROM django_pgqueue_job WHERE queue = %s AND id >= %s AND status = 'succeeded'",
+        "FROM django_pgqueue_job_all WHERE queue = %s AND id >= %s AND status = 'succeeded'",
         [config.queue, first_id],
     ).fetchone()
     assert row is not None
@@ -235,7 +239,7 @@ def _latency(config: BenchConfig) -> dict[str, float]:
         while time.monotonic() < deadline:
             done = scalar(
                 conn,
-                "SELECT count(*) FROM django_pgqueue_job "
+                "SELECT count(*) FROM django_pgqueue_job_all "
                 "WHERE id = ANY(%s) AND status = 'succeeded'",
                 [list(committed)],
             )
@@ -243,7 +247,8 @@ def _latency(config: BenchConfig) -> dict[str, float]:
                 break
             time.sleep(0.05)
         rows = conn.execute(
-            "SELECT id, result FROM django_pgqueue_job WHERE id = ANY(%s) AND status = 'succeeded'",
+            "SELECT id, result FROM django_pgqueue_job_all "
+            "WHERE id = ANY(%s) AND status = 'succeeded'",
             [list(committed)],
         ).fetchall()
     finally:
