@@ -198,6 +198,20 @@ OLD_ENQUEUE_FUNCTION = _sql_enqueue.ENQUEUE_FUNCTION.replace(
     "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1
 )
 
+# Made by SQL rather than by Django, which would add a varchar_pattern_ops index (for
+# LIKE searches) to a character primary key: keys are only ever looked up whole, and
+# every keyed enqueue would write it.
+KEY_TABLE = (
+    "CREATE TABLE django_pgqueue_job_key ("
+    "idempotency_key varchar(255) PRIMARY KEY, "
+    "checked_at timestamptz NOT NULL DEFAULT statement_timestamp())",
+    "CREATE INDEX pgq_key_checked ON django_pgqueue_job_key (checked_at)",
+    "COMMENT ON TABLE django_pgqueue_job_key IS 'django-pgqueue: idempotency keys taken, by "
+    "a job in either tier; written only by the queue''s SQL.'",
+    "COMMENT ON COLUMN django_pgqueue_job_key.checked_at IS 'When housekeeping last found a "
+    "job holding the key (it frees a key no job holds any more).'",
+)
+
 DROP_FOREIGN_KEYS = (
     "ALTER TABLE django_pgqueue_dependency DROP CONSTRAINT pgq_dep_blocker_fk",
     "ALTER TABLE django_pgqueue_dependency DROP CONSTRAINT pgq_dep_job_fk",
@@ -233,36 +247,43 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(sql=LOCK_TIMEOUT, reverse_sql=migrations.RunSQL.noop),
-        migrations.CreateModel(
-            name="IdempotencyKey",
-            fields=[
-                (
-                    "idempotency_key",
-                    models.CharField(
-                        max_length=255,
-                        primary_key=True,
-                        serialize=False,
-                        verbose_name="idempotency key",
-                    ),
-                ),
-                (
-                    "checked_at",
-                    models.DateTimeField(
-                        db_comment="When housekeeping last found a job holding the key "
-                        "(it frees a key no job holds any more).",
-                        db_default=Now(),
-                        verbose_name="last checked at",
-                    ),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunSQL(sql=KEY_TABLE, reverse_sql="DROP TABLE django_pgqueue_job_key")
+            ],
+            state_operations=[
+                migrations.CreateModel(
+                    name="IdempotencyKey",
+                    fields=[
+                        (
+                            "idempotency_key",
+                            models.CharField(
+                                max_length=255,
+                                primary_key=True,
+                                serialize=False,
+                                verbose_name="idempotency key",
+                            ),
+                        ),
+                        (
+                            "checked_at",
+                            models.DateTimeField(
+                                db_comment="When housekeeping last found a job holding the key "
+                                "(it frees a key no job holds any more).",
+                                db_default=Now(),
+                                verbose_name="last checked at",
+                            ),
+                        ),
+                    ],
+                    options={
+                        "verbose_name": "idempotency key",
+                        "verbose_name_plural": "idempotency keys",
+                        "db_table": "django_pgqueue_job_key",
+                        "db_table_comment": "django-pgqueue: idempotency keys taken, by a job in "
+                        "either tier; written only by the queue's SQL.",
+                        "indexes": [models.Index(fields=["checked_at"], name="pgq_key_checked")],
+                    },
                 ),
             ],
-            options={
-                "verbose_name": "idempotency key",
-                "verbose_name_plural": "idempotency keys",
-                "db_table": "django_pgqueue_job_key",
-                "db_table_comment": "django-pgqueue: idempotency keys taken, by a job in "
-                "either tier; written only by the queue's SQL.",
-                "indexes": [models.Index(fields=["checked_at"], name="pgq_key_checked")],
-            },
         ),
         migrations.RunSQL(
             sql=[CLASS_OF, TO_HISTORY, KEY_HELD, CLAIM_KEY],
