@@ -84,12 +84,25 @@ def _walk(plan: dict[str, Any]):
 
 
 def _job_table_scans(conn, statement: str, params: Any = None) -> list[tuple[str, str | None]]:
+    """The scans of the job table and of the history's partitions that hold rows (an
+    empty partition is rightly read sequentially)."""
     rows = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()[0]
     plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+    empty = {
+        row[0]
+        for row in conn.execute(
+            "SELECT cls.relname FROM pg_partition_tree('django_pgqueue_job_history') AS tree "
+            "JOIN pg_class AS cls ON cls.oid = tree.relid WHERE tree.isleaf "
+            "AND pg_relation_size(cls.oid) = 0"
+        )
+    }
     return [
         (node["Node Type"], node.get("Index Name"))
         for node in _walk(plan)
-        if node.get("Relation Name") == JOB_TABLE
+        if (
+            str(node.get("Relation Name", "")).startswith(JOB_TABLE)
+            and node.get("Relation Name") not in empty
+        )
         # Bitmap index scans name only their index.
         or str(node.get("Index Name", "")).startswith(("pgq_job_", f"{JOB_TABLE}_"))
     ]

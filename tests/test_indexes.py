@@ -322,14 +322,14 @@ def _plan(conn, name: str, *, generic: bool) -> dict[str, Any]:
 
 
 def _empty_partitions(conn) -> set[str]:
-    """The history's partitions that hold no row (analyzed): scanning them reads nothing,
+    """The history's partitions that hold no row (no page at all): scanning them reads nothing,
     and a sequential scan is the planner's right choice there."""
     return {
         row[0]
         for row in conn.execute(
             "SELECT cls.relname FROM pg_partition_tree('django_pgqueue_job_history') AS tree "
             "JOIN pg_class AS cls ON cls.oid = tree.relid WHERE tree.isleaf "
-            "AND cls.reltuples = 0"
+            "AND pg_relation_size(cls.oid) = 0"
         )
     }
 

@@ -237,9 +237,12 @@ ORDER BY stat.queue, stat.minute
 
 -- name: dead_letter_groups
 -- Dead letters grouped by task and error class, largest group first: how many, and the
--- newest one with its error as a sample.
--- Uses pgq_job_dead: an index-only scan for the counts (or pgq_job_revivable while the
--- visibility map is not set yet), then the primary key for the newest job of each group.
+-- newest one with its error as a sample. In both tiers (a dead letter is in the history
+-- unless a retry brought it back and did not retry it).
+-- Uses pgq_job_dead and pgq_hist_dead: index-only scans for the counts (or
+-- pgq_job_revivable while the visibility map is not set yet), then, per group, the
+-- primary key and pgq_hist_id for its newest job (a lookup per group, never a join
+-- over every job).
 SELECT grp.task_path, grp.last_error_class, grp.jobs, sample.id AS sample_job_id,
     sample.queue AS sample_queue, sample.last_error AS sample_error,
     sample.finished_at AS sample_finished_at
@@ -249,7 +252,12 @@ FROM (
     WHERE job.status = 'dead_letter'
     GROUP BY job.task_path, job.last_error_class
 ) AS grp
-JOIN django_pgqueue_job_all AS sample ON sample.id = grp.newest_id
+CROSS JOIN LATERAL (
+    SELECT newest.id, newest.queue, newest.last_error, newest.finished_at
+    FROM django_pgqueue_job_all AS newest
+    WHERE newest.id = grp.newest_id
+    LIMIT 1
+) AS sample
 ORDER BY grp.jobs DESC, grp.task_path, grp.last_error_class NULLS FIRST
 LIMIT %(limit)s
 
