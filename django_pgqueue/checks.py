@@ -97,6 +97,7 @@ SETTING_CHECK_IDS = {
     "HISTORY_PERIOD": "django_pgqueue.E131",
     "HISTORY_PREMAKE": "django_pgqueue.E132",
     "RETENTION": "django_pgqueue.E133",
+    "CLAIM_FLOOR_AFTER_SECONDS": "django_pgqueue.E134",
 }
 
 

@@ -76,6 +76,13 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "How often one worker reaps expired leases, marks silent workers dead and prunes.",
     ),
     SettingSpec(
+        "CLAIM_FLOOR_AFTER_SECONDS",
+        0.05,
+        "A claim from the head of a queue slower than this (a long transaction keeps the "
+        "index entries of claimed jobs) makes the worker claim after its last job for 20 "
+        "times as long, then from the head again (None: always from the head).",
+    ),
+    SettingSpec(
         "RETENTION_SECONDS",
         7 * 24 * 3600.0,
         "Age after which succeeded and cancelled jobs are deleted (None keeps them).",
@@ -270,6 +277,13 @@ class Settings:
     def HOUSEKEEPING_INTERVAL_SECONDS(self) -> float:  # noqa: N802
         """Interval between housekeeping passes."""
         return self._seconds("HOUSEKEEPING_INTERVAL_SECONDS")
+
+    @property
+    def CLAIM_FLOOR_AFTER_SECONDS(self) -> float | None:  # noqa: N802
+        """Claims from the head slower than this start claim floors; None: never."""
+        if self._raw("CLAIM_FLOOR_AFTER_SECONDS") is None:
+            return None
+        return self._seconds("CLAIM_FLOOR_AFTER_SECONDS", strict=False)
 
     @property
     def RETENTION_SECONDS(self) -> float | None:  # noqa: N802

@@ -103,6 +103,7 @@ SERVER_SIDE = frozenset(
         "test_cancel_running.py",
         "test_check_invalid_indexes.py",
         "test_claim.py",
+        "test_claim_floors.py",
         "test_claim_rounds.py",
         "test_composition.py",
         "test_composition_workers.py",

@@ -123,6 +123,7 @@ BAD_VALUES = {
     "RETENTION": {"finished": 1},
     "HISTORY_PERIOD": "month",
     "HISTORY_PREMAKE": 0,
+    "CLAIM_FLOOR_AFTER_SECONDS": -0.5,
 }
 
 

@@ -6,6 +6,7 @@ standard set back at teardown (``django_pgqueue_ensure_history`` makes what is m
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,6 +17,7 @@ from django.core import checks
 from django.test import override_settings
 
 from django_pgqueue.store.retention import RetentionClass, default_classes
+from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.worker.connection import ConnectionSlot
 from django_pgqueue.worker.history import LOCK_WAIT_SECONDS, maintain_history
 from django_pgqueue.worker.housekeeping import run_pass
@@ -90,6 +92,39 @@ def test_the_history_has_the_job_tables_columns_and_the_view_joins_both(history)
     assert _columns(history, "django_pgqueue_job_all") == job
     for class_id in (1, 2, 3):
         assert _columns(history, f"django_pgqueue_job_history_c{class_id}_default")[:-1] == job
+
+
+#: Every statement that copies a whole job from one tier to the other, and where.
+WHOLE_ROW_COPIES = {
+    ("django_pgqueue_job_history", "sql:complete_many_if_leased"),
+    ("django_pgqueue_job_history", "sql:move_finished"),
+    ("django_pgqueue_job", "sql:bring_back"),
+    ("django_pgqueue_job_history", "function:django_pgqueue_move_to_history"),
+}
+_INSERT = re.compile(r"INSERT INTO (django_pgqueue_job(?:_history)?) \(([^)]*)\)")
+
+
+def test_every_whole_row_copy_between_the_tiers_names_every_column(history):
+    # A column added to the job table must be carried by each copy, or a move loses it.
+    found = set()
+    # (The bench tools write rows of their own making, with the columns they set.)
+    texts = {f"sql:{name}": query.text for name, query in QUERIES.items()}
+    for name, source in history.execute(
+        "SELECT proname, prosrc FROM pg_proc WHERE prosrc LIKE '%%INSERT INTO django_pgqueue_job%%'"
+    ).fetchall():
+        texts[f"function:{name}"] = source
+    for where, text in texts.items():
+        for table, listed in _INSERT.findall(text):
+            names = [name.strip() for name in listed.split(",")]
+            if len(names) < 10 or "id" not in names:
+                continue  # a key, a test row, or a new job (its id from the sequence)
+            found.add((table, where))
+            expected = {name for name, _ in _columns(history, table)}
+            assert set(names) == expected, (
+                f"{where} copies into {table} without {sorted(expected - set(names))}"
+            )
+            assert len(names) == len(set(names)), f"{where} names a column twice"
+    assert found == WHOLE_ROW_COPIES
 
 
 def test_the_migration_made_three_classes_and_the_current_partitions(history):

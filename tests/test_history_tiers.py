@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import pytest
 from django.db import connections
+from django.test import override_settings
 
 from django_pgqueue.models import Dependency, Job
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.waiting import wait
+from django_pgqueue.worker import history as worker_history
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
@@ -304,7 +307,13 @@ def test_housekeeping_moves_rows_finished_before_the_upgrade(store, observer):
         )
     observer.execute("DELETE FROM django_pgqueue_job_key")  # keys only in the old index
     assert store.move_finished(limit=10) == 10
-    assert store.move_finished(limit=100) == 15
+    # Housekeeping's batch is capped whatever PGQUEUE_PRUNE_BATCH_SIZE says.
+    with (
+        mock.patch.object(worker_history, "MOVE_BATCH", 6),
+        override_settings(PGQUEUE_PRUNE_BATCH_SIZE=1_000_000),
+    ):
+        assert worker_history.move_finished(store) == 6
+    assert store.move_finished(limit=100) == 9
     assert store.move_finished(limit=100) == 0
     assert {_tier(observer, i) for i in ids} == {"history"}
     assert observer.execute("SELECT count(*) FROM django_pgqueue_job_key").fetchone() == (25,)

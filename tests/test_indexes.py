@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -82,11 +83,21 @@ PARAMS: dict[str, dict[str, Any]] = {
         "queues": ["default", "emails"],
         "bucket_masks": [None, "1" * 1024],
         "queue_limits": [100, 50],
+        # The first queue from its head, the second from a floor: every branch planned.
+        "floor_priorities": [None, 0],
+        "floor_available_ats": [None, datetime(2026, 1, 1, tzinfo=UTC)],
+        "floor_ids": [None, 1],
         "worker_id": "w",
         "lease_seconds": 30.0,
         "total_limit": 100,
     },
-    "reap_expired": {"limit": 1000, "job_ids": None, "lease_channel": "l", **_RETRY},
+    "reap_expired": {
+        "limit": 1000,
+        "job_ids": None,
+        "expired_since": None,
+        "lease_channel": "l",
+        **_RETRY,
+    },
     "expired_job_ids": {"limit": 1000},
     "prune_finished": {"retention_seconds": 3600.0, "limit": 1000},
     "prune_dead_letters": {"retention_seconds": 3600.0, "limit": 1000},

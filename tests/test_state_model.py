@@ -64,7 +64,7 @@ from django_pgqueue.exceptions import LeaseLost
 from django_pgqueue.states import TRANSITIONS, JobStatus
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.retry import RetryPolicy
-from django_pgqueue.store.values import Failure, JobSpec, Lease
+from django_pgqueue.store.values import ClaimFloor, Failure, JobSpec, Lease
 from tests.queue_model import FAILED, FINISHED, KEYS, RATED, ModelJob, QueueModel, claim_order
 
 pytestmark = pytest.mark.timeout(900)
@@ -136,6 +136,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.model = QueueModel()
         self.seen_status: dict[int, JobStatus] = {}
         self.checked: Counter[str] = Counter()
+        #: Each worker's last plain job taken per queue: the floor it would claim from.
+        self.floors: dict[tuple[str, str], ClaimFloor] = {}
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -214,6 +216,11 @@ class QueueMachine(RuleBasedStateMachine):
             model.generations.append(job.lease_generation)
             if model.key == RATED:
                 self.model.rate_starts.append(self.now)
+            if job.partition_key is None and job.concurrency_key is None:
+                floor = ClaimFloor.after(job)
+                known = self.floors.get((worker, job.queue))
+                if known is None or floor.sort_key() > known.sort_key():
+                    self.floors[(worker, job.queue)] = floor
 
     def check_claim(
         self, claimed: list[Any], queues: tuple[str, ...], per_queue: int, *, exact: bool
@@ -414,6 +421,55 @@ class QueueMachine(RuleBasedStateMachine):
         ).jobs
         self.check_claim(claimed, QUEUES, per_queue, exact=False)
         self.take(claimed, worker)
+        return multiple(*(job.lease for job in claimed))
+
+    @precondition(lambda self: any(j.status == JobStatus.PENDING for j in self.model.jobs.values()))
+    @rule(
+        target=leases,
+        worker=st.sampled_from(WORKERS),
+        per_queue=st.integers(1, 3),
+        plain=st.booleans(),
+    )
+    def floor_round(self, worker: str, per_queue: int, plain: bool) -> Any:
+        """A worker's round from its claim floors (worker/cursor.py): its plain jobs are
+        the best claimable ones after the floor, and never one before it; jobs before it
+        stay for a claim from the head (every other rule, and the drain, claim so)."""
+        rows = self.db_rows()
+        available = {job_id: row["available_at"] for job_id, row in rows.items()}
+        floors = [self.floors.get((worker, queue)) for queue in QUEUES]
+        claimed = self.store.claim_round(
+            worker,
+            list(QUEUES),
+            per_queue=per_queue,
+            lease_seconds=LEASE_SECONDS,
+            plain=plain,
+            floors=floors,
+        ).jobs
+        self.check_claim(claimed, QUEUES, per_queue, exact=False)
+        for queue, floor in zip(QUEUES, floors, strict=True):
+            after = [
+                job
+                for job in self.model.claimable(queue, available)
+                if job.partition is None
+                and job.key is None
+                and (floor is None or claim_order(job, available) > floor.sort_key())
+            ]
+            took = [
+                job.id
+                for job in sorted(
+                    claimed, key=lambda job: claim_order(self.model.jobs[job.id], available)
+                )
+                if job.queue == queue and job.partition_key is None and job.concurrency_key is None
+            ]
+            assert took == [job.id for job in after[: len(took)]], (
+                f"floor {floor} of {queue!r}: took {took}, the best after it were "
+                f"{[job.id for job in after]}"
+            )
+            assert len([job for job in claimed if job.queue == queue]) >= min(
+                per_queue, len(after)
+            ), f"floor {floor} of {queue!r}: took {took} with {[j.id for j in after]} ready"
+        self.take(claimed, worker)
+        self.checked["floor rounds took the best jobs after their floors"] += 1
         return multiple(*(job.lease for job in claimed))
 
     @precondition(lambda self: any(j.status == JobStatus.PENDING for j in self.model.jobs.values()))

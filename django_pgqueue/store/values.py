@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from django_pgqueue.models import Job
 
 __all__ = [
+    "ClaimFloor",
     "ClaimRound",
     "ClaimedJob",
     "DueSchedule",
@@ -261,6 +262,30 @@ class ClaimedJob:
     def lease(self) -> Lease:
         """Return the lease this claim holds."""
         return Lease(self.id, self.lease_generation, self.worker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimFloor:
+    """Where a claim of one queue starts: after this job, in claim order.
+
+    Claim order is priority (highest first), then ``available_at``, then id. A claim
+    with a floor reads the queue's ready plain jobs after it, and jobs that sort before
+    it are not seen: the worker that passes one claims from the head again soon after
+    (:mod:`django_pgqueue.worker.cursor`).
+    """
+
+    priority: int
+    available_at: datetime
+    id: int
+
+    @classmethod
+    def after(cls, job: ClaimedJob) -> ClaimFloor:
+        """Return the floor just past ``job``."""
+        return cls(job.priority, job.available_at, job.id)
+
+    def sort_key(self) -> tuple[int, datetime, int]:
+        """Return a key that sorts floors in claim order."""
+        return (-self.priority, self.available_at, self.id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from django_pgqueue.store.queue import LAZY_FOLD_BATCH, QueueStore
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ReapedJob
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
+from django_pgqueue.worker.cursor import ReapFloor
 from django_pgqueue.worker.history import (
     maintain_history,
     move_finished,
@@ -93,16 +94,26 @@ def _step[T](slot: ConnectionSlot, work: Callable[[QueueStore], T]) -> tuple[boo
         return True, None
 
 
-def _reap(store: QueueStore) -> list[ReapedJob]:
+def _reap(store: QueueStore, floor: ReapFloor | None = None) -> list[ReapedJob]:
     """Reap a batch; if the database refuses it, reap its jobs one at a time.
 
     A job whose move it refuses is logged and left for the next pass, so it cannot
-    keep every other expired lease from being recovered.
+    keep every other expired lease from being recovered. ``floor`` (the worker's) says
+    where the batch's scan starts.
     """
     policy = RetryPolicy.from_settings()
     try:
         with store.runner.atomic():
-            return store.reap_expired(limit=REAP_BATCH, policy=policy)
+            if floor is None:
+                return store.reap_expired(limit=REAP_BATCH, policy=policy)
+            since = floor.since()
+            started = time.perf_counter()
+            now = store.transaction_clock()
+            batch = store.reap_expired(limit=REAP_BATCH, policy=policy, expired_since=since)
+            floor.reaped(
+                len(batch), REAP_BATCH, seconds=time.perf_counter() - started, database_now=now
+            )
+            return batch
     except CONNECTION_ERRORS:
         raise
     except psycopg.Error as error:
@@ -120,11 +131,15 @@ def _reap(store: QueueStore) -> list[ReapedJob]:
 
 
 def run_pass(
-    slot: ConnectionSlot, *, worker_timeout: float, repair: PartitionRepair | None = None
+    slot: ConnectionSlot,
+    *,
+    worker_timeout: float,
+    repair: PartitionRepair | None = None,
+    reap_floor: ReapFloor | None = None,
 ) -> HousekeepingReport:
     """Run one housekeeping pass, each step in its own transaction, if this process wins
     the lock (each step takes it again; another worker may do the next one)."""
-    ran, reaped = _step(slot, _reap)
+    ran, reaped = _step(slot, lambda store: _reap(store, reap_floor))
     if not ran:
         return HousekeepingReport(ran=False)
     reaped = reaped or []
@@ -247,6 +262,7 @@ class Housekeeper(threading.Thread):
         self._worker_timeout = worker_timeout
         self._stopping = threading.Event()
         self._repair = PartitionRepair()
+        self._reap_floor = ReapFloor()
         self.passes = 0
 
     def stop(self) -> None:
@@ -263,7 +279,10 @@ class Housekeeper(threading.Thread):
                     if time.monotonic() < next_pass:
                         continue
                     report = run_pass(
-                        self._slot, worker_timeout=self._worker_timeout, repair=self._repair
+                        self._slot,
+                        worker_timeout=self._worker_timeout,
+                        repair=self._repair,
+                        reap_floor=self._reap_floor,
                     )
                     self.passes += 1
                     delay = 0.05 if report.more_to_do else self._interval * random.uniform(0.8, 1.2)  # noqa: S311

@@ -295,6 +295,7 @@ class Worker(GracefulShutdown):
         queues, masks, limits = self._shares(limit)
         # Taken before the claim is sent: the database's lease starts no earlier.
         self._claim_sent_at = time.monotonic()
+        floors = self._cursor.floors(queues)
         sent_at = time.perf_counter()
         flow = self._wants_flow()
         if flow:
@@ -310,12 +311,15 @@ class Worker(GracefulShutdown):
                 bucket_masks=masks,
                 total_limit=limit,
                 plain=not flow,
+                floors=floors,
             )
         )
         if round_.flow_open or round_.more_signals:
             self._flow_open = True
         claimed = round_.jobs
-        observe.current.claimed(len(claimed), time.perf_counter() - sent_at)
+        seconds = time.perf_counter() - sent_at
+        self._cursor.claimed(claimed, total=limit, seconds=seconds)
+        observe.current.claimed(len(claimed), seconds)
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
             got[job.queue] += 1

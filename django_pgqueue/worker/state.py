@@ -18,6 +18,7 @@ from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.values import ClaimedJob
 from django_pgqueue.worker.batching import Batcher, BatchJobRunner
 from django_pgqueue.worker.connection import ConnectionSlot
+from django_pgqueue.worker.cursor import ClaimCursor
 from django_pgqueue.worker.execution import Outcome
 from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.heartbeat import Heartbeat
@@ -72,6 +73,8 @@ class WorkerState:
         self._counts_lock = threading.Lock()
         self._rotation = 0
         self._hungry: dict[str, bool] = {}
+        # Where plain claims start while a long snapshot makes claims from the head slow.
+        self._cursor = ClaimCursor()
         # Whether the next claim should read partitions and concurrency keys
         # (claim_batch) rather than plain jobs alone (claim_batch_plain). Set by a claim
         # that left some open, a flow notification (a key's slot came free elsewhere),

@@ -27,7 +27,11 @@
 -- Every served queue is looked at in every claim; when the total is smaller than the
 -- number of queues, each queue's best job competes in the order of "turn" (the caller
 -- rotates it), so queues take turns without any of them being skipped unseen.
--- Plain jobs (no partition, no concurrency key) come from pgq_job_claim.
+-- Plain jobs (no partition, no concurrency key) come from pgq_job_claim, from the head
+-- of each queue, or from a floor the worker passes per queue (floor_priority,
+-- floor_available_at, floor_id: its last claimed job there; NULL: the head). A floor
+-- is a worker's answer to a long-held snapshot (worker/cursor.py): a job that sorts
+-- before it waits for the worker's next claim from the head.
 -- A partitioned job is claimed only as the next job of an idle partition
 -- (pgq_partition_claim: partitions whose next job can start now): the partition row is
 -- locked with SKIP LOCKED and marked running in this statement, so two jobs of one
@@ -58,8 +62,13 @@
 -- flow_open false.
 WITH wanted AS (
     SELECT *
-    FROM unnest(%(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[])
-        WITH ORDINALITY AS wanted (queue, bucket_mask, queue_limit, turn)
+    FROM unnest(
+        %(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[],
+        %(floor_priorities)s::integer[], %(floor_available_ats)s::timestamptz[],
+        %(floor_ids)s::bigint[]
+    ) WITH ORDINALITY AS wanted (
+        queue, bucket_mask, queue_limit, floor_priority, floor_available_at, floor_id, turn
+    )
     -- Pause: a paused queue is not served. Read here, in the claim itself, so a pause
     -- committed before this statement began holds for every worker (one probe per
     -- queue of the pause table's primary key; the table is empty or nearly).
@@ -68,16 +77,62 @@ WITH wanted AS (
     )
 ),
 unpartitioned AS (
+    -- pgq_job_claim, from the head of the queue's ready jobs (no floor: the whole queue).
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, candidate.id, candidate.priority,
         candidate.available_at
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT job.id, job.priority, job.available_at
         FROM django_pgqueue_job AS job
-        WHERE job.status = 'pending'
+        WHERE wanted.floor_id IS NULL
+          AND job.status = 'pending'
           AND job.partition_key IS NULL
           AND job.concurrency_key IS NULL
           AND job.queue = wanted.queue
+          AND job.available_at <= now()
+        ORDER BY job.priority DESC, job.available_at, job.id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF job SKIP LOCKED
+    ) AS candidate
+    UNION ALL
+    -- With a floor (the worker's last claimed job of this queue, in claim order): the
+    -- scan starts there, so the index entries of jobs claimed before it are not walked
+    -- again. Those cost a heap visit each while a long transaction's snapshot keeps them
+    -- from being removed. Two range scans of pgq_job_claim: the rest of the floor's
+    -- priority, then the lower priorities (the gating test on floor_id runs once).
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, candidate.id, candidate.priority,
+        candidate.available_at
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT job.id, job.priority, job.available_at
+        FROM django_pgqueue_job AS job
+        WHERE wanted.floor_id IS NOT NULL
+          AND job.status = 'pending'
+          AND job.partition_key IS NULL
+          AND job.concurrency_key IS NULL
+          AND job.queue = wanted.queue
+          AND job.priority = wanted.floor_priority
+          -- Both bounds as row comparisons: index conditions on pgq_job_claim, which
+          -- pgq_job_pending (queue, available_at) cannot prove its predicate from.
+          AND (job.available_at, job.id) > (wanted.floor_available_at, wanted.floor_id)
+          AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
+        ORDER BY job.available_at, job.id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF job SKIP LOCKED
+    ) AS candidate
+    UNION ALL
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, candidate.id, candidate.priority,
+        candidate.available_at
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT job.id, job.priority, job.available_at
+        FROM django_pgqueue_job AS job
+        WHERE wanted.floor_id IS NOT NULL
+          AND job.status = 'pending'
+          AND job.partition_key IS NULL
+          AND job.concurrency_key IS NULL
+          AND job.queue = wanted.queue
+          AND job.priority < wanted.floor_priority
           AND job.available_at <= now()
         ORDER BY job.priority DESC, job.available_at, job.id
         LIMIT wanted.queue_limit

@@ -34,6 +34,10 @@ WITH expired AS (
     FROM django_pgqueue_job AS job
     WHERE job.status = 'processing'
       AND job.lease_expires_at < now()
+      -- expired_since: where the caller's last pass left off (worker/cursor.py,
+      -- ReapFloor; NULL: the head), so entries a long snapshot keeps are not walked
+      -- on every pass.
+      AND job.lease_expires_at >= COALESCE(%(expired_since)s::timestamptz, '-infinity')
       AND (%(job_ids)s::bigint[] IS NULL OR job.id = ANY (%(job_ids)s::bigint[]))
     ORDER BY job.lease_expires_at
     LIMIT %(limit)s
@@ -79,7 +83,10 @@ reaped AS (
         ))
     WHERE job.id = ANY (ARRAY(SELECT expired.id FROM expired))
       AND job.status = 'processing'
-      AND job.lease_expires_at < now()
+      -- COALESCE hides the recheck from index matching: as a plain comparison the
+      -- planner may read these ids through pgq_job_lease from its head, every entry a
+      -- long snapshot keeps included, rather than by primary key.
+      AND COALESCE(job.lease_expires_at, 'infinity') < now()
       AND (
           SELECT CASE WHEN cardinality(settling.ids) > 0 THEN
               django_pgqueue_lock_dependents('{}', settling.ids)
@@ -127,6 +134,12 @@ FROM reaped
 CROSS JOIN refreshed
 LEFT JOIN recounted ON true
 CROSS JOIN (SELECT count(*) AS notices FROM told) AS notified
+
+
+-- name: transaction_clock
+-- The database clock as this transaction's statements see it (now()): where the
+-- reaper's next pass may start (worker/cursor.py, ReapFloor).
+SELECT now()
 
 
 -- name: expired_job_ids

@@ -26,6 +26,7 @@ from django_pgqueue.store.statements.base import (
 )
 from django_pgqueue.store.values import (
     ClaimedJob,
+    ClaimFloor,
     ClaimRound,
     FailOutcome,
     Failure,
@@ -78,6 +79,7 @@ class LeaseStatements(StoreBase):
         bucket_masks: Sequence[str | None] | None = None,
         total_limit: int | None = None,
         plain: bool = False,
+        floors: Sequence[ClaimFloor | None] | None = None,
     ) -> ClaimRound:
         """Claim like :meth:`claim`; say what else the round found on the way.
 
@@ -89,6 +91,10 @@ class LeaseStatements(StoreBase):
         and the free capacity is claimed again. The fold waits only on other refreshes of
         the same rows; the wake-ups and the claim never wait. ``ClaimRound.flow_open``
         says whether the next round should be a full one again.
+
+        ``floors`` (one per queue, None for the head) starts each queue's plain jobs
+        after a :class:`~django_pgqueue.store.values.ClaimFloor`: jobs that sort before
+        it are not claimed in this round.
 
         A plain round sends ``claim_batch_plain`` alone: the claim without partitions
         and concurrency keys, which reads no flow-control state at all. What a worker
@@ -104,11 +110,17 @@ class LeaseStatements(StoreBase):
             list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
         )
         total = sum(limits) if total_limit is None else total_limit
+        starts: list[ClaimFloor | None] = (
+            list(floors) if floors is not None else [None] * len(queues)
+        )
+        if len(starts) != len(queues):
+            raise ValueError("floors needs one floor (or None) per queue")
         claimed, signalled, folded, flow_open = self._claim_batch(
             worker_id,
             queues,
             limits,
             masks=masks,
+            floors=starts,
             total=total,
             lease_seconds=lease_seconds,
             fold_first=not plain,
@@ -130,6 +142,7 @@ class LeaseStatements(StoreBase):
                 queues,
                 remaining,
                 masks=masks,
+                floors=starts,
                 total=total - len(claimed),
                 lease_seconds=lease_seconds,
             )
@@ -146,6 +159,7 @@ class LeaseStatements(StoreBase):
         limits: list[int],
         *,
         masks: Sequence[str | None],
+        floors: Sequence[ClaimFloor | None],
         total: int,
         lease_seconds: float,
         fold_first: bool = False,
@@ -157,6 +171,9 @@ class LeaseStatements(StoreBase):
                 "queues": list(queues),
                 "bucket_masks": masks,
                 "queue_limits": limits,
+                "floor_priorities": [f.priority if f else None for f in floors],
+                "floor_available_ats": [f.available_at if f else None for f in floors],
+                "floor_ids": [f.id if f else None for f in floors],
                 "total_limit": total,
                 "worker_id": worker_id,
                 "lease_seconds": lease_seconds,

@@ -36,21 +36,29 @@ class MaintenanceStatements(StoreBase):
         limit: int = 1000,
         policy: RetryPolicy | None = None,
         job_ids: Sequence[int] | None = None,
+        expired_since: datetime | None = None,
     ) -> list[ReapedJob]:
         """Recover up to ``limit`` jobs whose lease expired (optionally only ``job_ids``).
 
         Each goes back to pending after a backoff, or to dead_letter if that was its last
         attempt. Rows locked by someone else (a late completion in progress) are skipped.
+        ``expired_since`` leaves out leases that expired before it.
         """
         policy = policy or RetryPolicy.from_settings()
         rows = self._run(
             "reap_expired",
             limit=limit,
             job_ids=list(job_ids) if job_ids is not None else None,
+            expired_since=expired_since,
             lease_channel=lease_channel(),
             **policy.sql_params(),
         ).rows
         return [ReapedJob(job_id, JobStatus(status), queue) for job_id, status, queue in rows]
+
+    def transaction_clock(self) -> datetime:
+        """Return the database clock at the start of this transaction (``now()``)."""
+        now: datetime = self._run("transaction_clock").rows[0][0]
+        return now
 
     def expired_job_ids(self, *, limit: int) -> list[int]:
         """Return up to ``limit`` ids of jobs whose lease expired, longest expired first."""

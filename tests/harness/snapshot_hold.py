@@ -1,0 +1,178 @@
+"""Drain under a held snapshot, by hand: the figures of docs/explanation/performance.md.
+
+Workers started as users start them (the shared benchmark's Django project, BENCH_DIR,
+default ../shared/bench beside the checkout), a producer that keeps a backlog topped up
+(jobs flow at the drain rate), and an idle REPEATABLE READ transaction held open for a
+phase. Prints one line per window: completed/s, the job table's dead tuples, the claim
+index's size, and the statements running longer than 100 ms.
+
+usage: snapshot_hold.py ADMIN_DSN DBNAME --base S --hold S --after S [--workers 2]
+       [--conc 10] [--backlog 20000] [--window 10] [--code PATH]
+(the database DBNAME is dropped and created again)
+"""
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+BENCH = os.environ.get("BENCH_DIR", str(Path(__file__).resolve().parents[3] / "shared" / "bench"))
+PROJ = f"{BENCH}/systems/django_pgqueue/proj"
+
+args = argparse.ArgumentParser()
+args.add_argument("admin_dsn")
+args.add_argument("dbname")
+args.add_argument("--base", type=float, default=60)
+args.add_argument("--hold", type=float, default=120)
+args.add_argument("--after", type=float, default=30)
+args.add_argument("--workers", type=int, default=2)
+args.add_argument("--conc", type=int, default=10)
+args.add_argument("--flags", default="")
+args.add_argument("--backlog", type=int, default=20000)
+args.add_argument("--window", type=float, default=10)
+args.add_argument("--code", default=str(Path(__file__).resolve().parents[2]))
+opts = args.parse_args()
+
+dsn = opts.admin_dsn.rsplit("/", 1)[0] + "/" + opts.dbname
+env = dict(os.environ)
+env["BENCH_DSN"] = dsn
+env["PYTHONPATH"] = f"{opts.code}:{BENCH}/lib:{PROJ}"
+env["DJANGO_SETTINGS_MODULE"] = "benchproj.settings"
+
+with psycopg.connect(opts.admin_dsn, autocommit=True) as admin:
+    admin.execute(f'DROP DATABASE IF EXISTS "{opts.dbname}" WITH (FORCE)')
+    admin.execute(f'CREATE DATABASE "{opts.dbname}"')
+subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=PROJ, env=env, check=True)
+
+os.environ.update(env)
+sys.path[:0] = [opts.code, f"{BENCH}/lib", PROJ]
+import django  # noqa: E402
+
+django.setup()
+from benchtasks.tasks import noop  # noqa: E402
+
+backend = noop.get_backend()
+stop = threading.Event()
+enqueued = 0
+COMPLETED_SQL = (
+    "SELECT coalesce(sum(n_tup_ins), 0) FROM pg_stat_user_tables"
+    " WHERE relname LIKE 'django_pgqueue_job_history%%'"
+)
+
+
+def completed(conn: psycopg.Connection) -> int:
+    return int(conn.execute(COMPLETED_SQL).fetchone()[0])
+
+
+def producer() -> None:
+    global enqueued  # noqa: PLW0603 - one producer thread; read by nobody else
+    from django.db import connection
+
+    with psycopg.connect(dsn, autocommit=True) as stats:
+        while not stop.is_set():
+            if enqueued - completed(stats) < opts.backlog:
+                backend.enqueue_many(noop, [((), {})] * 1000)
+                enqueued += 1000
+            else:
+                time.sleep(0.02)
+    connection.close()
+
+
+logs = []
+workers = []
+for n in range(opts.workers):
+    # Closed when the process ends: the workers write to them until the very end.
+    log = open(f"/tmp/snapbench-worker{n}.log", "w")  # noqa: SIM115
+    logs.append(log)
+    workers.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "runqueueworker",
+                "--concurrency",
+                str(opts.conc),
+                *opts.flags.split(),
+            ],
+            cwd=PROJ,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    )
+thread = threading.Thread(target=producer, daemon=True)
+thread.start()
+
+SAMPLE_SQL = """
+SELECT n_dead_tup, n_live_tup,
+       pg_relation_size('django_pgqueue_job'),
+       pg_relation_size('pgq_job_claim'),
+       (SELECT count(*) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL)
+FROM pg_stat_user_tables WHERE relname = 'django_pgqueue_job'
+"""
+
+holder = None
+phases = [("base", opts.base), ("hold", opts.hold), ("after", opts.after)]
+rates: dict[str, list[float]] = {}
+try:
+    with psycopg.connect(dsn, autocommit=True) as stats:
+        # warm up: wait until the first jobs complete
+        deadline = time.monotonic() + 60
+        while completed(stats) == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        last_done, last_t = completed(stats), time.monotonic()
+        for phase, seconds in phases:
+            if phase == "hold":
+                holder = psycopg.connect(dsn)
+                holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                holder.execute("SELECT count(*) FROM django_pgqueue_queue_pause").fetchone()
+            if phase == "after" and holder is not None:
+                holder.rollback()
+                holder.close()
+                holder = None
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                time.sleep(min(opts.window, max(0.0, end - time.monotonic())))
+                done, now = completed(stats), time.monotonic()
+                rate = (done - last_done) / (now - last_t)
+                last_done, last_t = done, now
+                dead, live, table, index, xmins = stats.execute(SAMPLE_SQL).fetchone()
+                rates.setdefault(phase, []).append(rate)
+                slow = stats.execute(
+                    "SELECT round(extract(epoch FROM clock_timestamp() - query_start)::numeric, 2),"
+                    " left(regexp_replace(query, '\\s+', ' ', 'g'), 70) FROM pg_stat_activity"
+                    " WHERE state = 'active' AND pid <> pg_backend_pid()"
+                    " AND clock_timestamp() - query_start > interval '100 ms'"
+                ).fetchall()
+                for seconds_, text in slow:
+                    print(f"      slow {seconds_}s {text}", flush=True)
+                print(
+                    f"{phase:5s} t={now:9.1f} completed/s={rate:8.0f} dead={dead:9d} "
+                    f"live={live:8d} table={table / 2**20:7.1f}MB "
+                    f"claim_index={index / 2**20:6.1f}MB",
+                    flush=True,
+                )
+    for phase, values in rates.items():
+        mean, median = statistics.mean(values), statistics.median(values)
+        print(
+            f"SUMMARY {phase}: completed/s mean {mean:.0f}, median {median:.0f}, "
+            f"{len(values)} windows"
+        )
+finally:
+    stop.set()
+    if holder is not None:
+        holder.close()
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
