@@ -41,10 +41,9 @@ __all__ = [
 
 #: Floors are used for this many times as long as the last claim from the head took.
 FLOOR_SPAN = 20
-#: How far before its floor a floor claim after a short one starts. It walks again the
-#: entries of the jobs made ready in that time (1,500 at 15,000 jobs/s, about a
-#: millisecond), so that a producer transaction committed up to this long after it
-#: began is not left behind.
+#: How far before its floor a floor claim starts. It walks again the entries of the
+#: jobs made ready in that time (1,500 at 15,000 jobs/s, about a millisecond), so that
+#: a producer transaction committed up to this long after it began is not left behind.
 FLOOR_LOOKBACK = timedelta(milliseconds=100)
 
 
@@ -113,7 +112,6 @@ class ClaimCursor:
         self._pacing = pacing or HeadPacing()
         self._floors: dict[str, ClaimFloor] = {}
         self._from_floors = False
-        self._look_back = False
 
     @property
     def active(self) -> bool:
@@ -123,16 +121,12 @@ class ClaimCursor:
     def floors(self, queues: Sequence[str]) -> list[ClaimFloor | None] | None:
         """Return the floors for a claim of ``queues`` (None: claim from the head).
 
-        After a claim that came back short (nothing more after the floors), each floor
-        is sent :data:`FLOOR_LOOKBACK` early, for the jobs of producer transactions
-        that committed late; otherwise exactly after its job, so the jobs claimed before
-        it, those of its own producer transaction included, are not walked again.
+        Each is sent :data:`FLOOR_LOOKBACK` before its job, for the jobs of producer
+        transactions that committed late.
         """
         self._from_floors = self.active and any(queue in self._floors for queue in queues)
         if not self._from_floors:
             return None
-        if not self._look_back:
-            return [self._floors.get(queue) for queue in queues]
         return [
             None
             if (floor := self._floors.get(queue)) is None
@@ -140,16 +134,14 @@ class ClaimCursor:
             for queue in queues
         ]
 
-    def claimed(self, jobs: Sequence[ClaimedJob], *, total: int, seconds: float) -> None:
-        """Record a claim of up to ``total`` jobs (as sent after :meth:`floors`) and how
-        long it took.
+    def claimed(self, jobs: Sequence[ClaimedJob], *, seconds: float) -> None:
+        """Record a claim (as sent after :meth:`floors`) and how long it took.
 
         Each queue's floor moves to its last plain job taken: from the head, wherever
         that is; from floors, only on.
         """
         if not self._from_floors:
             self._pacing.ran(seconds)
-        self._look_back = len(jobs) < total
         last: dict[str, ClaimFloor] = {}
         for job in jobs:
             if job.partition_key is not None or job.concurrency_key is not None:

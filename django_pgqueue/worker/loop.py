@@ -318,7 +318,7 @@ class Worker(GracefulShutdown):
             self._flow_open = True
         claimed = round_.jobs
         seconds = time.perf_counter() - sent_at
-        self._cursor.claimed(claimed, total=limit, seconds=seconds)
+        self._cursor.claimed(claimed, seconds=seconds)
         observe.current.claimed(len(claimed), seconds)
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
