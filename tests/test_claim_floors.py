@@ -129,6 +129,19 @@ def test_jobs_of_partitions_and_keys_set_no_floor():
     assert cursor.floors(["default"]) == [_sent(_job(2, at=2))]
 
 
+def test_a_lost_connection_forgets_the_floors():
+    clock = Clock()
+    cursor = ClaimCursor(HeadPacing(0.05, clock))
+    cursor.floors(["default"])
+    cursor.claimed([_job(9, at=9)], seconds=1.0)
+    assert cursor.floors(["default"]) is not None
+    # A claim under way may have been rolled back, its jobs left before the floor.
+    cursor.forget()
+    assert cursor.floors(["default"]) is None
+    cursor.claimed([_job(3, at=3)], seconds=1.0)
+    assert cursor.floors(["default"]) == [_sent(_job(3, at=3))]
+
+
 def test_floors_can_be_turned_off():
     with override_settings(PGQUEUE_CLAIM_FLOOR_AFTER_SECONDS=None):
         cursor = ClaimCursor(HeadPacing(clock=Clock()))

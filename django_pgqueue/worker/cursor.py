@@ -64,6 +64,16 @@ class HeadPacing:
         self._seconds = 0.0
         self._done_at = -math.inf
 
+    @property
+    def slow_after(self) -> float | None:
+        """Return the duration past which a scan from the head counts as slow."""
+        return self._slow
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Return the clock the pacing reads."""
+        return self._clock
+
     def due(self) -> bool:
         """Return whether the next scan should start from the head."""
         return (
@@ -111,6 +121,16 @@ class ClaimCursor:
     def __init__(self, pacing: HeadPacing | None = None) -> None:
         self._pacing = pacing or HeadPacing()
         self._floors: dict[str, ClaimFloor] = {}
+        self._from_floors = False
+
+    def forget(self) -> None:
+        """Drop every floor and the pacing: the next claim starts from the head.
+
+        After a lost connection (a server restart, a failover), a claim that was under
+        way may have been rolled back, leaving its jobs before the floors.
+        """
+        self._pacing = HeadPacing(self._pacing.slow_after, self._pacing.clock)
+        self._floors.clear()
         self._from_floors = False
 
     @property

@@ -224,6 +224,7 @@ class Worker(GracefulShutdown):
                     claimed, full = self._claim(min(capacity, options.batch_size))
                 except CONNECTION_ERRORS as error:
                     logger.warning("claim failed, the connection was lost (%s)", error)
+                    self._cursor.forget()
                     self._wake.wait(0.2)
                     continue
                 except TRANSIENT_ERRORS as error:
