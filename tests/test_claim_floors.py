@@ -21,6 +21,7 @@ from django_pgqueue.store.values import ClaimedJob, ClaimFloor, JobSpec
 from django_pgqueue.worker.cursor import (
     FLOOR_LOOKBACK,
     FLOOR_SPAN,
+    SHORT_SPAN,
     ClaimCursor,
     HeadPacing,
     ReapFloor,
@@ -92,6 +93,38 @@ def test_a_slow_claim_from_the_head_starts_floors_for_a_span_then_the_head_again
     assert cursor.floors(["default"]) is not None
     clock.now += 0.02
     assert cursor.floors(["default"]) is None
+
+
+def test_a_short_claim_from_floors_brings_the_head_back_sooner():
+    clock = Clock()
+    cursor = ClaimCursor(HeadPacing(0.05, clock))
+    cursor.floors(["default"])
+    cursor.claimed([_job(7, at=7)], seconds=0.5)
+    # A full claim from floors keeps them for the whole span.
+    cursor.floors(["default"])
+    cursor.claimed([_job(8, at=8)], seconds=0.001, short=False)
+    clock.now += SHORT_SPAN * 0.5 + 0.01
+    assert cursor.floors(["default"]) is not None
+    # One that found less than it looked for: jobs may wait behind the floor, and the
+    # worker has room, so the head is due after SHORT_SPAN times the head's last scan.
+    cursor.claimed([], seconds=0.001, short=True)
+    assert cursor.floors(["default"]) is None
+    cursor.claimed([_job(3, at=3)], seconds=0.5)
+    assert cursor.floors(["default"]) == [_sent(_job(3, at=3))]
+    # The claim from the head started a new span: a full one again.
+    clock.now += SHORT_SPAN * 0.5 + 0.01
+    assert cursor.floors(["default"]) is not None
+    clock.now += (FLOOR_SPAN - SHORT_SPAN) * 0.5
+    assert cursor.floors(["default"]) is None
+
+
+def test_a_short_claim_from_the_head_starts_a_full_span():
+    clock = Clock()
+    cursor = ClaimCursor(HeadPacing(0.05, clock))
+    cursor.floors(["default"])
+    cursor.claimed([_job(7, at=7)], seconds=0.5, short=True)
+    clock.now += SHORT_SPAN * 0.5 + 0.01
+    assert cursor.floors(["default"]) is not None
 
 
 def test_floors_only_move_on_and_a_claim_from_the_head_sets_them_again():

@@ -12,11 +12,16 @@ last job it took of each queue, in claim order (``claim_batch`` reads after it, 
 two range scans of the same index), once a claim from the head took longer than
 ``PGQUEUE_CLAIM_FLOOR_AFTER_SECONDS``. It claims from the head again after
 :data:`FLOOR_SPAN` times as long as that slow claim took, so the time spent walking
-dead entries stays a small share however old the snapshot grows.
+dead entries stays a small share however old the snapshot grows; or sooner, after
+:data:`SHORT_SPAN` times as long, once a claim from floors came back with fewer jobs
+than the worker had room for. A worker with room to spare loses little by walking, and
+jobs waiting behind its floors are exactly what a short claim from floors cannot tell
+from an empty queue.
 
 What a floor costs: a job that sorts before it (a higher priority than the floor's,
 or an ``available_at`` before it, as when its producer's transaction began before the
-floor's job was made ready and committed after) waits for the next claim from the head.
+floor's job was made ready and committed after, or a dependent released by its last
+blocker) waits for the next claim from the head.
 Nothing is skipped for good, and while claims from the head stay fast (no long
 snapshot) there are no floors at all.
 """
@@ -34,6 +39,7 @@ from django_pgqueue.store.values import ClaimedJob, ClaimFloor
 __all__ = [
     "FLOOR_LOOKBACK",
     "FLOOR_SPAN",
+    "SHORT_SPAN",
     "ClaimCursor",
     "HeadPacing",
     "ReapFloor",
@@ -41,6 +47,8 @@ __all__ = [
 
 #: Floors are used for this many times as long as the last claim from the head took.
 FLOOR_SPAN = 20
+#: ... or this many times as long, once a claim from floors came back short.
+SHORT_SPAN = 4
 #: How far before its floor a floor claim starts. It walks again the entries of the
 #: jobs made ready in that time (1,500 at 15,000 jobs/s, about a millisecond), so that
 #: a producer transaction committed up to this long after it began is not left behind.
@@ -53,7 +61,8 @@ class HeadPacing:
     Always, while scans from the head stay under ``slow`` seconds
     (``PGQUEUE_CLAIM_FLOOR_AFTER_SECONDS``: healthy claims of a few hundred jobs take
     a few milliseconds; None: always); otherwise after :data:`FLOOR_SPAN` times as long
-    as the last one took.
+    as the last one took, or :data:`SHORT_SPAN` times once a scan from the floor found
+    less than it looked for.
     """
 
     def __init__(
@@ -63,6 +72,7 @@ class HeadPacing:
         self._clock = clock
         self._seconds = 0.0
         self._done_at = -math.inf
+        self._short = False
 
     @property
     def slow_after(self) -> float | None:
@@ -76,16 +86,20 @@ class HeadPacing:
 
     def due(self) -> bool:
         """Return whether the next scan should start from the head."""
-        return (
-            self._slow is None
-            or self._seconds < self._slow
-            or self._clock() - self._done_at >= FLOOR_SPAN * self._seconds
-        )
+        if self._slow is None or self._seconds < self._slow:
+            return True
+        span = SHORT_SPAN if self._short else FLOOR_SPAN
+        return self._clock() - self._done_at >= span * self._seconds
 
     def ran(self, seconds: float) -> None:
         """Record a scan from the head that took ``seconds``."""
         self._seconds = seconds
         self._done_at = self._clock()
+        self._short = False
+
+    def came_back_short(self) -> None:
+        """Record a scan from floors that found less than it looked for."""
+        self._short = True
 
 
 class ReapFloor:
@@ -154,14 +168,17 @@ class ClaimCursor:
             for queue in queues
         ]
 
-    def claimed(self, jobs: Sequence[ClaimedJob], *, seconds: float) -> None:
-        """Record a claim (as sent after :meth:`floors`) and how long it took.
+    def claimed(self, jobs: Sequence[ClaimedJob], *, seconds: float, short: bool = False) -> None:
+        """Record a claim (as sent after :meth:`floors`), how long it took, and whether
+        it came back ``short`` (fewer jobs than the worker had room for).
 
         Each queue's floor moves to its last plain job taken: from the head, wherever
         that is; from floors, only on.
         """
         if not self._from_floors:
             self._pacing.ran(seconds)
+        elif short:
+            self._pacing.came_back_short()
         last: dict[str, ClaimFloor] = {}
         for job in jobs:
             if job.partition_key is not None or job.concurrency_key is not None:

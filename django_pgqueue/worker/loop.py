@@ -319,7 +319,6 @@ class Worker(GracefulShutdown):
             self._flow_open = True
         claimed = round_.jobs
         seconds = time.perf_counter() - sent_at
-        self._cursor.claimed(claimed, seconds=seconds)
         observe.current.claimed(len(claimed), seconds)
         got: dict[str, int] = dict.fromkeys(queues, 0)
         for job in claimed:
@@ -328,6 +327,7 @@ class Worker(GracefulShutdown):
         for queue, share in zip(queues, limits, strict=True):
             self._hungry[queue] = got[queue] >= share
             full = full or self._hungry[queue]
+        self._cursor.claimed(claimed, seconds=seconds, short=not full)
         if claimed:
             self._note_waits(claimed)
         return claimed, full
