@@ -92,7 +92,12 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         None,
         "Age after which dead letters are deleted (None keeps them for an operator).",
     ),
-    SettingSpec("PRUNE_BATCH_SIZE", 5000, "Rows deleted per housekeeping pass."),
+    SettingSpec(
+        "PRUNE_BATCH_SIZE",
+        5000,
+        "Rows per housekeeping batch: deleted, keys freed, or finished rows moved to"
+        " the history (at most 10,000 of those).",
+    ),
     SettingSpec(
         "RETENTION",
         {},
@@ -297,7 +302,7 @@ class Settings:
 
     @property
     def PRUNE_BATCH_SIZE(self) -> int:  # noqa: N802
-        """Rows deleted per housekeeping pass."""
+        """Rows per housekeeping batch (deleted, freed or moved)."""
         return self._int("PRUNE_BATCH_SIZE", minimum=1, maximum=1_000_000)
 
     @property
