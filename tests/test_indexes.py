@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from psycopg import sql
 
+from django_pgqueue.store.pgconn import GENERIC_PLAN_SESSION
 from django_pgqueue.store.sql import QUERIES
 
 pytestmark = pytest.mark.timeout(600)
@@ -323,12 +324,13 @@ def _plan(conn, name: str, *, generic: bool) -> dict[str, Any]:
         text = re.sub(r"%\(([a-z_]+)\)s", number, query.text)
         conn.execute("DEALLOCATE ALL")
         conn.execute(f"PREPARE probe AS {text}")
-        conn.execute("SET plan_cache_mode = force_generic_plan")
+        # The session of a worker's connection (store/pgconn.py).
+        conn.execute(GENERIC_PLAN_SESSION)
         arguments = sql.SQL(", ").join(sql.Literal(PARAMS[name][key]) for key in order)
         rows = conn.execute(
             sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
         ).fetchone()[0]
-        conn.execute("RESET plan_cache_mode")
+        conn.execute("RESET plan_cache_mode; RESET enable_seqscan")
     return (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
 
 
@@ -403,4 +405,19 @@ def test_generic_plans_made_on_an_empty_queue_stay_safe(open_connection):
     conn.execute("ANALYZE django_pgqueue_job_history")
     conn.execute("ANALYZE django_pgqueue_job_key")
     problems = _problems(conn)
+    assert not problems, "\n".join(problems)
+
+
+def test_generic_plans_made_on_a_new_database_stay_safe(open_connection):
+    # Workers started on a new database cache their plans while the job tables are
+    # empty and have never been analyzed (PostgreSQL then costs a table at ten pages):
+    # the plans must still read through their indexes once the tables hold millions.
+    conn = open_connection(prepare=False)
+    conn.execute("TRUNCATE django_pgqueue_job, django_pgqueue_job_history, django_pgqueue_job_key")
+    never_analyzed = conn.execute(
+        "SELECT count(*) FROM pg_class WHERE relname IN "
+        "('django_pgqueue_job', 'django_pgqueue_job_key') AND reltuples < 0"
+    ).fetchone()[0]
+    assert never_analyzed == 2
+    problems = [problem for problem in _problems(conn) if problem.startswith("generic")]
     assert not problems, "\n".join(problems)

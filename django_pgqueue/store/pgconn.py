@@ -15,7 +15,7 @@ from django.db import connections
 from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 
-__all__ = ["connect"]
+__all__ = ["GENERIC_PLAN_SESSION", "connect"]
 
 # jsonb arrives as text, as on Django's connections (our code decodes it where needed);
 # timestamps use psycopg's own C loader rather than Django's Python wrapper around it,
@@ -26,6 +26,18 @@ _ADAPTERS.register_loader("jsonb", TextLoader)
 # Statements run this many times on a connection are prepared server-side. Django turns
 # this off by default (for PgBouncer); an explicit OPTIONS["prepare_threshold"] wins here too.
 DEFAULT_PREPARE_THRESHOLD = 2
+
+# The session of a connection that prepares statements. Generic plans save the planning
+# (about a millisecond for a claim) on every execution, and ours are safe whatever the
+# statistics (tests/test_indexes.py), but for one case: a job table that has never been
+# analyzed, as when workers start on a new database, is costed at ten pages, so a
+# sequential scan looks cheaper than any index, and the plan made then stays cached for
+# the connection's life however large the table grows, until something invalidates it
+# (an autovacuum's ANALYZE, which a busy or blocked autovacuum can delay for minutes).
+# With sequential scans turned off the planner takes the index every statement was
+# written for; a table with no usable index is still scanned (the setting only makes
+# the scan look expensive).
+GENERIC_PLAN_SESSION = "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off"
 
 
 def connect(
@@ -62,10 +74,8 @@ def connect(
     connection = psycopg.Connection.connect(**params)
     session = "SET TIME ZONE 'UTC'"
     if connection.prepare_threshold is not None:
-        # Our statements have generic plans that are safe whatever the statistics (see
-        # tests/test_indexes.py); using them always saves the planning (about a
-        # millisecond for a claim) on every execution. Without prepared statements (for
-        # PgBouncer in transaction mode) nothing is cached.
-        session += "; SET plan_cache_mode = force_generic_plan"
+        # Without prepared statements (for PgBouncer in transaction mode) nothing is
+        # cached: each plan is made from the table as it is.
+        session += "; " + GENERIC_PLAN_SESSION
     connection.execute(session)
     return connection
