@@ -421,3 +421,18 @@ def test_generic_plans_made_on_a_new_database_stay_safe(open_connection):
     assert never_analyzed == 2
     problems = [problem for problem in _problems(conn) if problem.startswith("generic")]
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed-empty", "never-analyzed"])
+def test_generic_plans_made_on_an_empty_table_survive_a_backlog(open_connection, analyzed):
+    # The most common start of a worker: the queue is idle (its table vacuumed down to
+    # nothing, or new), then a burst arrives before any ANALYZE. The plan cached from the
+    # empty table's statistics must claim through pgq_job_claim, not read every ready job
+    # of the queue through pgq_job_pending and sort them on every claim.
+    conn = open_connection(prepare=False)
+    conn.execute("TRUNCATE django_pgqueue_job, django_pgqueue_job_history, django_pgqueue_job_key")
+    if analyzed:
+        conn.execute("ANALYZE django_pgqueue_job")
+    conn.execute(PENDING_PLAIN)
+    problems = [problem for problem in _problems(conn) if problem.startswith("generic")]
+    assert not problems, "\n".join(problems)

@@ -89,7 +89,12 @@ unpartitioned AS (
           AND job.partition_key IS NULL
           AND job.concurrency_key IS NULL
           AND job.queue = wanted.queue
-          AND job.available_at <= now()
+          -- "Ready now" as a row comparison, here and below: from a plain
+          -- available_at <= now() the planner proves pgq_job_pending's predicate, and a
+          -- generic plan made while the table looked empty (a new or idle queue) then
+          -- read every ready job of the queue through it and sorted them, on every
+          -- claim, for as long as the plan stayed cached.
+          AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
         ORDER BY job.priority DESC, job.available_at, job.id
         LIMIT wanted.queue_limit
         FOR UPDATE OF job SKIP LOCKED
@@ -133,7 +138,7 @@ unpartitioned AS (
           AND job.concurrency_key IS NULL
           AND job.queue = wanted.queue
           AND job.priority < wanted.floor_priority
-          AND job.available_at <= now()
+          AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
         ORDER BY job.priority DESC, job.available_at, job.id
         LIMIT wanted.queue_limit
         FOR UPDATE OF job SKIP LOCKED
@@ -434,7 +439,8 @@ WITH scanned AS MATERIALIZED (
       AND job.partition_key IS NULL
       AND job.concurrency_key IS NULL
       AND job.queue = %(queue)s
-      AND job.available_at <= now()
+      -- A row comparison, so that only pgq_job_claim can serve it (see claim_batch).
+      AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
       AND NOT EXISTS (
           SELECT 1 FROM django_pgqueue_queue_pause AS paused WHERE paused.queue = %(queue)s
       )
