@@ -36,8 +36,13 @@ DEFAULT_PREPARE_THRESHOLD = 2
 # (an autovacuum's ANALYZE, which a busy or blocked autovacuum can delay for minutes).
 # With sequential scans turned off the planner takes the index every statement was
 # written for; a table with no usable index is still scanned (the setting only makes
-# the scan look expensive).
-GENERIC_PLAN_SESSION = "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off"
+# the scan look expensive). Before PostgreSQL 18 that expense is added to the plan's
+# cost, which then passes every JIT threshold: JIT is off, or each such statement
+# would spend a quarter of a second compiling (our statements are short; JIT never
+# pays for them).
+GENERIC_PLAN_SESSION = (
+    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET jit = off"
+)
 
 
 def connect(
