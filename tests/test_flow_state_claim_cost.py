@@ -28,9 +28,12 @@ pytestmark = [pytest.mark.timeout(1800), pytest.mark.one_server]
 
 SIZES = [int(n) for n in os.environ.get("PGQUEUE_TEST_FLOW_KEYS", "100000").split(",")]
 PLAIN_JOBS = 20
-#: What the flow state may add to a round claiming 20 plain jobs: a few pages of the
-#: plain jobs' index (its leaf pages hold the 20 rows' dead entries of the baseline).
-FLOW_MARGIN = 20
+#: What the flow state may add to a round claiming 20 plain jobs, as a share of what the
+#: round costs without it. The round writes 20 row versions into every index of the job
+#: table, and those indexes are deeper and split differently with 300,000 rows beside
+#: the 20 than without them: measured, 2% to 40% more pages (PostgreSQL 15 and 18). A
+#: claim that walked the flow state would read thousands (100,000 keys and signals).
+FLOW_MARGIN = 1.0
 #: The pause table's indexes (its primary key, and Django's pattern index on it) and the
 #: concurrency and partition tables': a lookup by key may use either.
 PAUSE_INDEXES = {
@@ -149,7 +152,7 @@ def test_a_claim_of_plain_jobs_costs_the_same_with_any_amount_of_flow_state(
         print(f"{keys} keys, {signals} signals: {name} {buffers} buffers, {ms:.2f} ms")
     assert plain[3] == PLAIN_JOBS + 1  # the jobs and the round's last row
     # Flat: the flow state adds (next to) nothing to what the claim costs by itself.
-    assert plain[0] <= baseline[0] + FLOW_MARGIN, (baseline, plain)
+    assert plain[0] <= baseline[0] * (1 + FLOW_MARGIN), (baseline, plain)
     # It reads the plain jobs' own index, never the flow state beside it.
     assert plain[2] <= {"pgq_job_claim", "django_pgqueue_job_pkey", *PAUSE_INDEXES}
     assert full["fold_signals"][2] <= {
