@@ -74,6 +74,7 @@ DJANGO_SURFACE = frozenset(
         "test_tracing.py",
         "test_two_databases.py",
         "test_unknown_tasks.py",
+        "test_vacuum_horizon.py",
         "test_validation.py",
         "test_worker_inprocess.py",
         "test_worker_jobs.py",

@@ -35,6 +35,7 @@ PRIMARY_KEY = "django_pgqueue_job_pkey"
 ADMIN_QUERIES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "estimated_job_count": ({}, set()),
     "job_table_health": ({}, set()),
+    "vacuum_horizon": ({}, set()),
     "known_queues": (
         {"configured": ["default", "emails"]},
         {"pgq_job_pending", "pgq_job_dead_queue", "pgq_job_lease"},

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 else:  # ModelAdmin is generic for the type checker only
     _ModelAdmin = admin.ModelAdmin
 
-__all__ = ["COUNT_LIMIT", "QueueLagAdmin", "QueueRow", "lag_view"]
+__all__ = ["COUNT_LIMIT", "HORIZON_WARN_SECONDS", "QueueLagAdmin", "QueueRow", "lag_view"]
 
 #: Depth and dead-letter counts stop here: the page shows "10,000+" beyond.
 COUNT_LIMIT = 10_000
@@ -54,6 +54,9 @@ COUNT_LIMIT = 10_000
 CHART_MINUTES = 60
 #: The short throughput window, in minutes.
 RECENT_MINUTES = 5
+#: A snapshot held this long is flagged on the page: VACUUM has kept every dead tuple of
+#: the job table for as long (at the drain rate, millions within minutes).
+HORIZON_WARN_SECONDS = 300
 #: Pixels of each queue's one-hour chart: narrow enough that the table, with its
 #: optional columns (unknown task, blocked), fits 1280x800 with the sidebar open.
 SPARKLINE_WIDTH = 100
@@ -201,6 +204,7 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
     overall = minute_series(minutes, last_minute=last_minute)
     overall_title = gettext("All queues: finished jobs and longest wait per minute")
     health = store.job_table_health()
+    horizon = store.vacuum_horizon()
     invalid_indexes = index_problems(store.runner.alias)
     context = {
         **model_admin.admin_site.each_context(request),
@@ -219,6 +223,11 @@ def lag_view(model_admin: _ModelAdmin, request: HttpRequest) -> TemplateResponse
         "recent_minutes": RECENT_MINUTES,
         "health": health,
         "dead_percent": health.dead_fraction * 100 if health else 0,
+        "horizon": horizon,
+        "horizon_age": duration(horizon.age_seconds)
+        if horizon and horizon.age_seconds is not None
+        else "",
+        "horizon_warn": bool(horizon and (horizon.age_seconds or 0) >= HORIZON_WARN_SECONDS),
         "invalid_indexes": invalid_indexes,
         "measured_at": measured_at,
         "paused": paused,

@@ -1,7 +1,8 @@
 """A Prometheus collector that reads the queue's state from the database at scrape time.
 
 Only the queue manager runs SQL: every figure comes from a read-only statement of
-``sql/admin.sql`` (``known_queues``, ``queue_lag``, ``job_table_health``) or
+``sql/admin.sql`` (``known_queues``, ``queue_lag``, ``job_table_health``,
+``vacuum_horizon``) or
 ``sql/metrics.sql`` (``queue_finished_totals``, ``queue_workers``), or ``sql/flow.sql``
 (``paused_queues``). None of them scans
 the job table: depths go through partial indexes and stop counting at ``count_limit``.
@@ -127,6 +128,11 @@ class QueueCollector(Collector):
             )
             if vacuumed is not None:
                 families.vacuumed.add_metric([alias], vacuumed.timestamp())
+        # Zero when nothing holds a snapshot, so an alert's series does not vanish.
+        horizon = store.vacuum_horizon()
+        held_seconds = (horizon.age_seconds or 0.0) if horizon is not None else 0.0
+        families.horizon_age.add_metric([alias], held_seconds)
+        families.horizon_xids.add_metric([alias], horizon.xid_age if horizon is not None else 0)
         families.count_limit.add_metric([alias], self.count_limit)
         families.duration.add_metric([alias], time.perf_counter() - started)
 
@@ -208,6 +214,17 @@ class _Families:
             "When the job table was last vacuumed (manually or by autovacuum).",
             labels=["database"],
         )
+        self.horizon_age = GaugeMetricFamily(
+            "pgqueue_vacuum_horizon_age_seconds",
+            "How long the oldest transaction holding back VACUUM has been open (0: none, "
+            "or a replication slot's, whose age in seconds is unknown).",
+            labels=["database"],
+        )
+        self.horizon_xids = GaugeMetricFamily(
+            "pgqueue_vacuum_horizon_xid_age",
+            "Transactions begun since the snapshot that holds back VACUUM the longest.",
+            labels=["database"],
+        )
         self.count_limit = GaugeMetricFamily(
             "pgqueue_count_limit",
             "Job counts stop at this number (the true number may be larger).",
@@ -225,4 +242,4 @@ class _Families:
         yield from self.finished.values()
         yield from self.wait.values()
         yield from (self.workers, self.paused, self.table_bytes, self.tuples, self.vacuumed)
-        yield from (self.count_limit, self.duration)
+        yield from (self.horizon_age, self.horizon_xids, self.count_limit, self.duration)

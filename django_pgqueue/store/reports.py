@@ -23,6 +23,7 @@ __all__ = [
     "QueueMinute",
     "QueueTotals",
     "QueueWorkers",
+    "SnapshotHolder",
     "StuckKind",
     "StuckWork",
     "TableHealth",
@@ -117,6 +118,29 @@ class TableHealth:
         """Return the share of dead tuples among all tuples (0 for an empty table)."""
         total = self.live_tuples + self.dead_tuples
         return self.dead_tuples / total if total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHolder:
+    """What holds VACUUM back the longest (``vacuum_horizon``): while it stays, no dead
+    tuple of the job table newer than its snapshot can be removed."""
+
+    #: "session", "prepared transaction" or "replication slot".
+    kind: str
+    #: The session's (or the slot's active walsender's) process id.
+    pid: int | None
+    role: str | None
+    #: The session's application_name, the prepared transaction's gid or the slot's name.
+    name: str | None
+    client: str | None
+    #: pg_stat_activity's state ("idle in transaction", "active", ...).
+    state: str | None
+    #: Since its transaction began (None for a slot, or a standby's feedback).
+    age_seconds: float | None
+    #: Transactions begun since its snapshot: how far behind the horizon is.
+    xid_age: int
+    #: The start of its current or last statement.
+    query: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,6 +55,50 @@ FROM pg_stat_user_tables AS stat
 WHERE stat.relid = 'django_pgqueue_job'::regclass
 
 
+-- name: vacuum_horizon
+-- What holds VACUUM back the longest: the oldest snapshot or transaction id of a session
+-- of this database, of a standby's feedback (a walsender), of a prepared transaction of
+-- this database, or of a replication slot. VACUUM keeps every row version such a holder
+-- may still see, so the job table's dead tuples grow for as long as it stays. Sessions of
+-- other roles are visible only to members of pg_read_all_stats (pg_monitor); the
+-- session running this statement and autovacuum's are left out. No row: nothing holds one.
+-- Uses no index: it reads the statistics and catalog views only.
+SELECT holder.*
+FROM (
+    SELECT
+        'session' AS kind,
+        activity.pid,
+        activity.usename::text AS role,
+        activity.application_name AS name,
+        host(activity.client_addr) AS client,
+        activity.state,
+        EXTRACT(EPOCH FROM now() - activity.xact_start)::float8 AS age_seconds,
+        age(coalesce(activity.backend_xmin, activity.backend_xid)) AS xid_age,
+        left(activity.query, 200) AS query
+    FROM pg_stat_activity AS activity
+    WHERE coalesce(activity.backend_xmin, activity.backend_xid) IS NOT NULL
+      AND activity.pid <> pg_backend_pid()
+      -- An autovacuum worker's snapshot lasts one table's analyze: nothing to act on.
+      AND activity.backend_type <> 'autovacuum worker'
+      AND (activity.datname = current_database() OR activity.backend_type = 'walsender')
+    UNION ALL
+    SELECT
+        'prepared transaction', NULL, prepared.owner::text, prepared.gid, NULL, NULL,
+        EXTRACT(EPOCH FROM now() - prepared.prepared)::float8, age(prepared.transaction),
+        NULL
+    FROM pg_prepared_xacts AS prepared
+    WHERE prepared.database = current_database()
+    UNION ALL
+    SELECT
+        'replication slot', slot.active_pid, NULL, slot.slot_name::text, NULL, NULL, NULL,
+        age(slot.xmin), NULL
+    FROM pg_replication_slots AS slot
+    WHERE slot.xmin IS NOT NULL
+) AS holder
+ORDER BY holder.xid_age DESC, holder.age_seconds DESC NULLS LAST
+LIMIT 1
+
+
 -- name: known_queues
 -- Every queue worth showing: the configured ones, those with pending jobs or dead letters
 -- or running jobs, those workers serve and those with statistics in the last hour.

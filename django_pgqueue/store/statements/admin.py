@@ -10,6 +10,7 @@ from django_pgqueue.store.reports import (
     PartitionBlocker,
     QueueLag,
     QueueMinute,
+    SnapshotHolder,
     StuckKind,
     StuckWork,
     TableHealth,
@@ -31,6 +32,11 @@ class AdminStatements(StoreBase):
         """Return the job table's size and vacuum statistics (None if it is not visible)."""
         rows = self._run("job_table_health").dicts()
         return TableHealth(**rows[0]) if rows else None
+
+    def vacuum_horizon(self) -> SnapshotHolder | None:
+        """Return what holds VACUUM back the longest (None: nothing visible holds it)."""
+        rows = self._run("vacuum_horizon").dicts()
+        return SnapshotHolder(**rows[0]) if rows else None
 
     def known_queues(self, configured: Iterable[str] = ()) -> list[str]:
         """Return the queues worth showing, sorted: ``configured`` and every queue in use."""

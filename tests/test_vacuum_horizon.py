@@ -1,0 +1,130 @@
+"""What holds VACUUM back is named: the store's report, the lag page and the metrics.
+
+A real session opens a REPEATABLE READ transaction, reads the job table and stays idle in
+it, as a forgotten report or a paused debugger does; another session uses up a
+transaction id. The report must name that session (pid, application name, state, query),
+say how far behind it holds the horizon, and forget it once it ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from django.test import override_settings
+
+from django_pgqueue.admin import lag
+from django_pgqueue.store.reports import SnapshotHolder
+from tests.admin_fixtures import login, url
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db(transaction=True)]
+
+LAG = url("django_pgqueue_lag")
+TOKEN = "horizon-token-for-tests"
+
+
+def _until(
+    read: Callable[[], SnapshotHolder | None], done: Callable[[SnapshotHolder | None], bool]
+):
+    """Poll ``read`` until ``done`` holds (other sessions' statements come and go)."""
+    deadline = time.monotonic() + 20
+    while True:
+        seen = read()
+        if done(seen):
+            return seen
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def holder(open_connection, observer):
+    """A session idle in a REPEATABLE READ transaction that has read the job table, with
+    a transaction id used up after its snapshot."""
+    conn = open_connection(prepare=False)
+    conn.execute("SET application_name = 'nightly-report'")
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()
+    observer.execute("SELECT txid_current()")
+    yield conn
+    conn.execute("ROLLBACK")
+
+
+def test_a_held_snapshot_is_named_until_it_ends(store, holder):
+    pid = holder.info.backend_pid
+    seen = _until(store.vacuum_horizon, lambda h: h is not None and h.pid == pid)
+    assert seen is not None
+    assert seen.kind == "session"
+    assert seen.name == "nightly-report"
+    assert seen.state == "idle in transaction"
+    assert seen.xid_age >= 1
+    assert seen.age_seconds is not None
+    assert seen.age_seconds >= 0
+    assert seen.query is not None
+    assert "count(*) FROM django_pgqueue_job" in seen.query
+
+    holder.execute("ROLLBACK")
+    _until(store.vacuum_horizon, lambda h: h is None or h.pid != pid)
+
+
+def test_the_report_leaves_its_own_session_out(store):
+    runner_pid = store.runner.connection.info.backend_pid
+    # Inside the store's own transaction its snapshot is the newest there is: reporting
+    # it would name the reader, never a holder.
+    with store.runner.connection.transaction():
+        store.runner.connection.execute("SELECT txid_current()")
+        seen = store.vacuum_horizon()
+    assert seen is None or seen.pid != runner_pid
+
+
+def test_the_lag_page_names_the_holder(client, holder, monkeypatch):
+    login(client, superuser=True)
+    pid = holder.info.backend_pid
+    page = client.get(LAG)
+    assert page.context["horizon"] is not None
+    assert page.context["horizon"].pid == pid
+    row = page.text.split('id="pgq-horizon"', 1)[1].split("</tr>", 1)[0]
+    assert f"session {pid} (nightly-report), idle in transaction" in row
+    assert "transactions behind" in row or "transaction behind" in row
+    # Open for seconds, not minutes: shown, not flagged.
+    assert "pgq-warn" not in row
+    monkeypatch.setattr(lag, "HORIZON_WARN_SECONDS", 0)
+    row = client.get(LAG).text.split('id="pgq-horizon"', 1)[1].split("</tr>", 1)[0]
+    assert "pgq-warn" in row
+    assert "VACUUM cannot remove the job table's dead tuples" in row
+
+    holder.execute("ROLLBACK")
+    _until(
+        lambda: client.get(LAG).context["horizon"],
+        lambda h: h is None or h.pid != pid,
+    )
+
+
+def _scrape(client) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with override_settings(PGQUEUE_METRICS_TOKEN=TOKEN):
+        response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+        if sample.name.startswith("pgqueue_vacuum_horizon")
+    }
+
+
+def test_the_metrics_report_the_horizon(client, store, holder):
+    pid = holder.info.backend_pid
+    _until(store.vacuum_horizon, lambda h: h is not None and h.pid == pid)
+    held = _scrape(client)
+    assert held["pgqueue_vacuum_horizon_xid_age"] >= 1
+    assert held["pgqueue_vacuum_horizon_age_seconds"] >= 0
+
+    holder.execute("ROLLBACK")
+    _until(store.vacuum_horizon, lambda h: h is None or h.pid != pid)
+    # Nothing else of this database holds one for long: the gauges fall back (to zero, or
+    # to another session's statement of a moment).
+    after = _scrape(client)
+    assert after["pgqueue_vacuum_horizon_xid_age"] < held["pgqueue_vacuum_horizon_xid_age"] + 1
+    assert after["pgqueue_vacuum_horizon_age_seconds"] < 5
