@@ -1,4 +1,5 @@
-"""What holds VACUUM back is named: the store's report, the lag page and the metrics.
+"""What holds VACUUM back is named: the store's report, the lag page, the metrics and a
+worker's warning when its claim from the head is slow.
 
 A real session opens a REPEATABLE READ transaction, reads the job table and stays idle in
 it, as a forgotten report or a paused debugger does; another session uses up a
@@ -8,6 +9,7 @@ say how far behind it holds the horizon, and forget it once it ends.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 
@@ -16,6 +18,8 @@ from django.test import override_settings
 
 from django_pgqueue.admin import lag
 from django_pgqueue.store.reports import SnapshotHolder
+from django_pgqueue.worker.horizon import SlowClaimWarning
+from django_pgqueue.worker.logfields import HORIZON_PID, WORKER
 from tests.admin_fixtures import login, url
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.django_db(transaction=True)]
@@ -128,3 +132,43 @@ def test_the_metrics_report_the_horizon(client, store, holder):
     after = _scrape(client)
     assert after["pgqueue_vacuum_horizon_xid_age"] < held["pgqueue_vacuum_horizon_xid_age"] + 1
     assert after["pgqueue_vacuum_horizon_age_seconds"] < 5
+
+
+def test_a_slow_claim_warns_at_most_once_per_interval(store, holder, caplog):
+    now = [1000.0]
+    warning = SlowClaimWarning(every=300, clock=lambda: now[0])
+    assert not warning.due(0.2, None)  # floors off: claims are never "slow"
+    assert not warning.due(0.01, 0.05)
+    assert warning.due(0.2, 0.05)
+    pid = holder.info.backend_pid
+    seen = _until(store.vacuum_horizon, lambda h: h is not None and h.pid == pid)
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+        warning.warn("w-1", 0.2, seen)
+    (record,) = caplog.records
+    assert f"VACUUM is held back by session {pid} ('nightly-report'), idle in transaction" in (
+        record.getMessage()
+    )
+    assert "count(*) FROM django_pgqueue_job" in record.getMessage()
+    assert getattr(record, HORIZON_PID) == pid
+    assert getattr(record, WORKER) == "w-1"
+    now[0] += 299
+    assert not warning.due(0.2, 0.05)
+    now[0] += 1
+    assert warning.due(0.2, 0.05)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"):
+        warning.warn("w-1", 0.2, None)
+    assert "no transaction visible to this database role" in caplog.records[0].getMessage()
+
+
+def test_a_worker_names_the_holder_when_its_claim_is_slow(workers, holder):
+    from tests import tasks
+
+    tasks.noop.enqueue()
+    # Every claim from the head counts as slow: the warning comes with the first one.
+    worker = workers("--max-jobs", "1", settings={"CLAIM_FLOOR_AFTER_SECONDS": 0.000001})
+    assert worker.wait(60) == 0, worker.output()
+    pid = holder.info.backend_pid
+    lines = [line for line in worker.output().splitlines() if "a claim from the head" in line]
+    assert len(lines) == 1, worker.output()
+    assert f"VACUUM is held back by session {pid} ('nightly-report')" in lines[0]

@@ -148,6 +148,11 @@ class ClaimCursor:
         self._from_floors = False
 
     @property
+    def slow_after(self) -> float | None:
+        """Return the duration past which a claim from the head counts as slow."""
+        return self._pacing.slow_after
+
+    @property
     def active(self) -> bool:
         """Return whether the next claim would start from floors."""
         return not self._pacing.due()

@@ -14,7 +14,10 @@ from django_pgqueue.store.values import ClaimedJob
 
 __all__ = [
     "ATTEMPT",
+    "CLAIM_SECONDS",
     "DURATION",
+    "HORIZON_AGE",
+    "HORIZON_PID",
     "INTERVAL",
     "JOB_ID",
     "OUTCOME",
@@ -39,6 +42,11 @@ DURATION: Final = "pgqueue_duration_seconds"
 OUTCOMES: Final = "pgqueue_outcomes"
 #: Only with OUTCOMES: the seconds the summary covers.
 INTERVAL: Final = "pgqueue_interval_seconds"
+#: On the warning about a slow claim from the head (worker/horizon.py): how long it took,
+#: and the pid and seconds open of what holds VACUUM back (None: nothing visible).
+CLAIM_SECONDS: Final = "pgqueue_claim_seconds"
+HORIZON_PID: Final = "pgqueue_horizon_pid"
+HORIZON_AGE: Final = "pgqueue_horizon_age_seconds"
 
 
 def job_extra(

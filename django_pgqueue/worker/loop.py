@@ -328,9 +328,22 @@ class Worker(GracefulShutdown):
             self._hungry[queue] = got[queue] >= share
             full = full or self._hungry[queue]
         self._cursor.claimed(claimed, seconds=seconds, short=not full)
+        if floors is None and self._slow_claims.due(seconds, self._cursor.slow_after):
+            self._warn_slow_claim(seconds)
         if claimed:
             self._note_waits(claimed)
         return claimed, full
+
+    def _warn_slow_claim(self, seconds: float) -> None:
+        """Log what holds VACUUM back, after a slow claim from the head."""
+        try:
+            holder = self._slot.run(lambda store: store.vacuum_horizon())
+        except (*CONNECTION_ERRORS, *TRANSIENT_ERRORS) as error:
+            # The jobs just claimed still have to be dispatched: a diagnosis that cannot
+            # be read is logged without its holder, and the next claim meets the error.
+            logger.debug("could not read what holds VACUUM back (%s)", error)
+            holder = None
+        self._slow_claims.warn(self.id, seconds, holder)
 
     def _wants_flow(self) -> bool:
         """Return whether the next claim should read partitions and concurrency keys."""

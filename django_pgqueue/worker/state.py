@@ -22,6 +22,7 @@ from django_pgqueue.worker.cursor import ClaimCursor
 from django_pgqueue.worker.execution import Outcome
 from django_pgqueue.worker.flight import InFlight
 from django_pgqueue.worker.heartbeat import Heartbeat
+from django_pgqueue.worker.horizon import SlowClaimWarning
 from django_pgqueue.worker.housekeeping import Housekeeper
 from django_pgqueue.worker.listener import Listener
 from django_pgqueue.worker.options import WorkerOptions
@@ -75,6 +76,8 @@ class WorkerState:
         self._hungry: dict[str, bool] = {}
         # Where plain claims start while a long snapshot makes claims from the head slow.
         self._cursor = ClaimCursor()
+        # Says, now and then, what made a claim from the head slow.
+        self._slow_claims = SlowClaimWarning()
         # Whether the next claim should read partitions and concurrency keys
         # (claim_batch) rather than plain jobs alone (claim_batch_plain). Set by a claim
         # that left some open, a flow notification (a key's slot came free elsewhere),
