@@ -191,3 +191,29 @@ def test_a_worker_names_the_holder_when_its_claim_is_slow(workers, holder, store
     lines = [line for line in worker.output().splitlines() if "a claim from the head" in line]
     assert len(lines) == 1, worker.output()
     assert f"VACUUM is held back by session {pid} ('nightly-report')" in lines[0]
+
+
+# Only on the embedded server, which enables two-phase commit (PostgreSQL's default does
+# not): CI's other legs deselect one_server tests.
+@pytest.mark.one_server
+def test_a_forgotten_prepared_transaction_is_named(store, open_connection, observer):
+    (enabled,) = observer.execute("SHOW max_prepared_transactions").fetchone()
+    assert int(enabled) > 0, "this test needs a server with max_prepared_transactions > 0"
+    conn = open_connection(prepare=False)
+    conn.execute("BEGIN")
+    conn.execute("SELECT txid_current()")
+    conn.execute("PREPARE TRANSACTION 'pgq-horizon-test'")
+    try:
+        observer.execute("SELECT txid_current()")
+        seen = _until(
+            store.vacuum_horizon,
+            lambda h: h is not None and h.kind == "prepared transaction",
+        )
+        assert seen.name == "pgq-horizon-test"
+        assert seen.pid is None
+        assert seen.xid_age >= 1
+        assert seen.age_seconds is not None
+        assert seen.age_seconds >= 0
+    finally:
+        observer.execute("ROLLBACK PREPARED 'pgq-horizon-test'")
+    _until(store.vacuum_horizon, lambda h: h is None or h.kind != "prepared transaction")
