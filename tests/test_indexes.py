@@ -135,6 +135,9 @@ PARAMS: dict[str, dict[str, Any]] = {
         "limit": 10,
         "scan_limit": 100,
         "lease_seconds": 30.0,
+        "floor_priority": None,
+        "floor_available_at": None,
+        "floor_id": None,
     },
     "snooze_if_leased": {
         **_LEASE,

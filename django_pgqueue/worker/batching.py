@@ -274,6 +274,8 @@ class Batcher:
     ) -> list[InFlight]:
         worker = self._worker
         lease_seconds = self._options.lease_seconds
+        # While a long-held snapshot keeps claims from the head slow, so is this scan.
+        floor = worker._cursor.mates_floor(leader.job.queue)
         sent_at = time.monotonic()
         try:
             jobs = self.slot.run(
@@ -283,6 +285,7 @@ class Batcher:
                     task_path=leader.job.task_path,
                     limit=room,
                     lease_seconds=lease_seconds,
+                    floor=floor,
                 )
             )
         except (psycopg.Error, DatabaseError) as error:

@@ -173,6 +173,18 @@ class ClaimCursor:
             for queue in queues
         ]
 
+    def mates_floor(self, queue: str) -> ClaimFloor | None:
+        """Return where a batch's scan for more jobs of ``queue`` starts (None: the head).
+
+        The queue's floor, sent :data:`FLOOR_LOOKBACK` early, while claims start from
+        floors; read by the batch runner's thread, so it only reads (a floor replaced
+        meanwhile is as good a place to start).
+        """
+        floor = self._floors.get(queue) if self.active else None
+        if floor is None:
+            return None
+        return ClaimFloor(floor.priority, floor.available_at - FLOOR_LOOKBACK, 0)
+
     def claimed(self, jobs: Sequence[ClaimedJob], *, seconds: float, short: bool = False) -> None:
         """Record a claim (as sent after :meth:`floors`), how long it took, and whether
         it came back ``short`` (fewer jobs than the worker had room for).

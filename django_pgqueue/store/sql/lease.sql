@@ -432,19 +432,61 @@ FROM summary
 -- deep backlog of other tasks' jobs bounds the work instead of being read to its end;
 -- the jobs it skips are the queue's next ones anyway, for the next claim. Rows are
 -- re-checked and locked with SKIP LOCKED by primary key, as in claim_batch.
+-- With a floor (floor_priority, floor_available_at, floor_id; NULL: the head), the scan
+-- starts after it, as claim_batch's floor branches do: the worker passes one while a
+-- long-held snapshot makes scans from the head walk every job claimed since.
 WITH scanned AS MATERIALIZED (
-    SELECT job.id, job.task_path
-    FROM django_pgqueue_job AS job
-    WHERE job.status = 'pending'
-      AND job.partition_key IS NULL
-      AND job.concurrency_key IS NULL
-      AND job.queue = %(queue)s
-      -- A row comparison, so that only pgq_job_claim can serve it (see claim_batch).
-      AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
-      AND NOT EXISTS (
-          SELECT 1 FROM django_pgqueue_queue_pause AS paused WHERE paused.queue = %(queue)s
-      )
-    ORDER BY job.priority DESC, job.available_at, job.id
+    SELECT ahead.id, ahead.task_path
+    FROM (
+        (
+            SELECT job.id, job.task_path
+            FROM django_pgqueue_job AS job
+            WHERE %(floor_id)s::bigint IS NULL
+              AND job.status = 'pending'
+              AND job.partition_key IS NULL
+              AND job.concurrency_key IS NULL
+              AND job.queue = %(queue)s
+              -- A row comparison, so that only pgq_job_claim can serve it (claim_batch).
+              AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
+            ORDER BY job.priority DESC, job.available_at, job.id
+            LIMIT %(scan_limit)s
+        )
+        UNION ALL
+        (
+            -- The rest of the floor's priority, then the lower priorities: claim order,
+            -- so the LIMIT below stops the second scan once the first has enough.
+            SELECT job.id, job.task_path
+            FROM django_pgqueue_job AS job
+            WHERE %(floor_id)s::bigint IS NOT NULL
+              AND job.status = 'pending'
+              AND job.partition_key IS NULL
+              AND job.concurrency_key IS NULL
+              AND job.queue = %(queue)s
+              AND job.priority = %(floor_priority)s::integer
+              AND (job.available_at, job.id)
+                  > (%(floor_available_at)s::timestamptz, %(floor_id)s::bigint)
+              AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
+            ORDER BY job.available_at, job.id
+            LIMIT %(scan_limit)s
+        )
+        UNION ALL
+        (
+            SELECT job.id, job.task_path
+            FROM django_pgqueue_job AS job
+            WHERE %(floor_id)s::bigint IS NOT NULL
+              AND job.status = 'pending'
+              AND job.partition_key IS NULL
+              AND job.concurrency_key IS NULL
+              AND job.queue = %(queue)s
+              AND job.priority < %(floor_priority)s::integer
+              AND (job.available_at, job.id) <= (now(), 9223372036854775807::bigint)
+            ORDER BY job.priority DESC, job.available_at, job.id
+            LIMIT %(scan_limit)s
+        )
+    ) AS ahead
+    WHERE NOT EXISTS (
+        SELECT 1 FROM django_pgqueue_queue_pause AS paused WHERE paused.queue = %(queue)s
+    )
     LIMIT %(scan_limit)s
 ),
 picked AS (

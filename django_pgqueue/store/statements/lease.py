@@ -206,6 +206,7 @@ class LeaseStatements(StoreBase):
         task_path: str,
         limit: int,
         lease_seconds: float,
+        floor: ClaimFloor | None = None,
     ) -> list[ClaimedJob]:
         """Lease up to ``limit`` more ready plain jobs of ``task_path`` in ``queue``.
 
@@ -214,6 +215,7 @@ class LeaseStatements(StoreBase):
         turns and limits); a paused queue gives nothing. Reads at most ten times
         ``limit`` of the queue's next ready jobs (at least 100, at most 10,000), so a
         backlog of other tasks' jobs costs a bounded scan. Never waits on a locked row.
+        With a ``floor``, the scan starts after it (as :meth:`claim_round`'s floors do).
         """
         if limit <= 0:
             return []
@@ -225,6 +227,9 @@ class LeaseStatements(StoreBase):
             limit=limit,
             scan_limit=min(max(limit * 10, 100), 10_000),
             lease_seconds=lease_seconds,
+            floor_priority=None if floor is None else floor.priority,
+            floor_available_at=None if floor is None else floor.available_at,
+            floor_id=None if floor is None else floor.id,
         ).rows
         return [_claimed_job(row, worker_id) for row in rows]
 
