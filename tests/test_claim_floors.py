@@ -219,21 +219,27 @@ def _enqueue(store, count, **options):
     ]
 
 
+def _ready_since(store, now: dt.datetime, minutes: int, priority: int = 0) -> Job:
+    """A job ready since ``minutes`` before ``now``."""
+    spec = JobSpec(
+        "tests.tasks.noop", priority=priority, available_at=now - dt.timedelta(minutes=minutes)
+    )
+    return store.enqueue(spec).job
+
+
+def _around_a_floor(store, now: dt.datetime) -> tuple[Job, ...]:
+    """Jobs before and after a floor in claim order: old, the floor's, newer, newest (all
+    priority 0), then a lower and a higher priority."""
+    return (
+        *(_ready_since(store, now, minutes) for minutes in (9, 8, 7, 6)),
+        _ready_since(store, now, 10, priority=-5),
+        _ready_since(store, now, 1, priority=5),
+    )
+
+
 def test_a_floor_claim_takes_the_best_jobs_after_its_floor_and_none_before(store):
     now = timezone.now()
-
-    def at(minutes: int, priority: int = 0) -> Job:
-        return store.enqueue(
-            JobSpec(
-                "tests.tasks.noop",
-                priority=priority,
-                available_at=now - dt.timedelta(minutes=minutes),
-            )
-        ).job
-
-    old, floor_job, newer, newest = at(9), at(8), at(7), at(6)
-    low = at(10, priority=-5)
-    high = at(1, priority=5)
+    old, floor_job, newer, newest, low, high = _around_a_floor(store, now)
     future = store.enqueue(
         JobSpec("tests.tasks.noop", available_at=now + dt.timedelta(hours=1))
     ).job
@@ -266,19 +272,7 @@ def test_a_floor_per_queue_and_none_for_the_head(store):
 
 def test_batch_mates_from_a_floor_take_the_jobs_after_it_and_none_before(store):
     now = timezone.now()
-
-    def at(minutes: int, priority: int = 0) -> Job:
-        return store.enqueue(
-            JobSpec(
-                "tests.tasks.noop",
-                priority=priority,
-                available_at=now - dt.timedelta(minutes=minutes),
-            )
-        ).job
-
-    old, floor_job, newer, newest = at(9), at(8), at(7), at(6)
-    low = at(10, priority=-5)
-    high = at(1, priority=5)
+    old, floor_job, newer, newest, low, high = _around_a_floor(store, now)
     floor = ClaimFloor(0, floor_job.available_at, floor_job.pk)
     taken = store.claim_batch_mates(
         "w",
@@ -295,7 +289,7 @@ def test_batch_mates_from_a_floor_take_the_jobs_after_it_and_none_before(store):
     )
     assert {job.id for job in rest} == {high.pk, old.pk, floor_job.pk}
     # With room for fewer, the first after the floor in claim order.
-    more = [at(5), at(4, priority=-9)]
+    more = [_ready_since(store, now, 5), _ready_since(store, now, 4, priority=-9)]
     (first,) = store.claim_batch_mates(
         "w",
         queue="default",
@@ -307,14 +301,15 @@ def test_batch_mates_from_a_floor_take_the_jobs_after_it_and_none_before(store):
     assert first.id == more[0].pk
 
 
-def _entries_read(conn, params: dict[str, Any]) -> int:
-    """Entries of pgq_job_claim one plain claim reads (dead ones included), rolled back."""
+def _entries_read(conn, params: dict[str, Any], name: str = "claim_batch_plain") -> int:
+    """Entries of pgq_job_claim one claim (``name``) reads, dead ones included; rolled back."""
     # The backend's counts not yet flushed: they may hold earlier transactions' too.
     count = "SELECT pg_stat_get_xact_tuples_returned('pgq_job_claim'::regclass)"
     with conn.transaction(force_rollback=True):
         (before,) = conn.execute(count).fetchone()
-        conn.execute(QUERIES["claim_batch_plain"].text, params)
+        taken = conn.execute(QUERIES[name].text, params).fetchall()
         (after,) = conn.execute(count).fetchone()
+    assert len(taken) >= 20  # the 20 new jobs (claim_batch_plain adds its last row)
     return int(after - before)
 
 
@@ -365,8 +360,7 @@ def test_under_a_held_snapshot_a_floor_claim_does_not_walk_the_jobs_claimed_befo
 
 
 def _mates_entries_read(conn, floor: ClaimFloor | None) -> int:
-    """Entries of pgq_job_claim one scan for batch mates reads, rolled back."""
-    count = "SELECT pg_stat_get_xact_tuples_returned('pgq_job_claim'::regclass)"
+    """Entries of pgq_job_claim one scan for 20 batch mates reads, rolled back."""
     params = {
         "worker_id": "probe",
         "queue": "default",
@@ -378,12 +372,7 @@ def _mates_entries_read(conn, floor: ClaimFloor | None) -> int:
         "floor_available_at": None if floor is None else floor.available_at,
         "floor_id": None if floor is None else floor.id,
     }
-    with conn.transaction(force_rollback=True):
-        (before,) = conn.execute(count).fetchone()
-        taken = conn.execute(QUERIES["claim_batch_mates"].text, params).fetchall()
-        (after,) = conn.execute(count).fetchone()
-    assert len(taken) == 20
-    return int(after - before)
+    return _entries_read(conn, params, "claim_batch_mates")
 
 
 def test_under_a_held_snapshot_batch_mates_from_a_floor_do_not_walk_the_jobs_claimed_before(
