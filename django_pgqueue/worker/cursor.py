@@ -166,12 +166,7 @@ class ClaimCursor:
         self._from_floors = self.active and any(queue in self._floors for queue in queues)
         if not self._from_floors:
             return None
-        return [
-            None
-            if (floor := self._floors.get(queue)) is None
-            else ClaimFloor(floor.priority, floor.available_at - FLOOR_LOOKBACK, 0)
-            for queue in queues
-        ]
+        return [_sent(self._floors.get(queue)) for queue in queues]
 
     def mates_floor(self, queue: str) -> ClaimFloor | None:
         """Return where a batch's scan for more jobs of ``queue`` starts (None: the head).
@@ -180,10 +175,7 @@ class ClaimCursor:
         floors; read by the batch runner's thread, so it only reads (a floor replaced
         meanwhile is as good a place to start).
         """
-        floor = self._floors.get(queue) if self.active else None
-        if floor is None:
-            return None
-        return ClaimFloor(floor.priority, floor.available_at - FLOOR_LOOKBACK, 0)
+        return _sent(self._floors.get(queue)) if self.active else None
 
     def claimed(self, jobs: Sequence[ClaimedJob], *, seconds: float, short: bool = False) -> None:
         """Record a claim (as sent after :meth:`floors`), how long it took, and whether
@@ -208,3 +200,14 @@ class ClaimCursor:
             current = self._floors.get(queue)
             if not self._from_floors or current is None or floor.sort_key() > current.sort_key():
                 self._floors[queue] = floor
+
+
+def _sent(floor: ClaimFloor | None) -> ClaimFloor | None:
+    """Return where a scan from ``floor`` starts: :data:`FLOOR_LOOKBACK` before its job.
+
+    The id is dropped with the time moved back: every job made ready in that span sorts
+    after the returned floor, whatever its id.
+    """
+    if floor is None:
+        return None
+    return ClaimFloor(floor.priority, floor.available_at - FLOOR_LOOKBACK, 0)
