@@ -13,11 +13,16 @@ import logging
 import time
 from collections.abc import Callable
 
+import psycopg
 import pytest
 from django.test import override_settings
 
 from django_pgqueue.admin import lag
+from django_pgqueue.models import Job
+from django_pgqueue.states import JobStatus
 from django_pgqueue.store.reports import SnapshotHolder
+from django_pgqueue.store.statements.admin import AdminStatements
+from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker.horizon import MIN_HOLD_SECONDS, SlowClaimWarning
 from django_pgqueue.worker.logfields import HORIZON_PID, WORKER
 from tests.admin_fixtures import login, url
@@ -191,6 +196,34 @@ def test_a_worker_names_the_holder_when_its_claim_is_slow(workers, holder, store
     lines = [line for line in worker.output().splitlines() if "a claim from the head" in line]
     assert len(lines) == 1, worker.output()
     assert f"VACUUM is held back by session {pid} ('nightly-report')" in lines[0]
+
+
+def test_a_horizon_that_cannot_be_read_does_not_hold_back_the_claimed_jobs(monkeypatch, caplog):
+    # A server or pooler may refuse a system view the lookup reads: the jobs of the slow
+    # claim still run, the warning still goes out (without a holder), and the error is
+    # logged, not raised into the claim round.
+    from tests import tasks
+
+    def refuse(self):
+        raise psycopg.errors.InsufficientPrivilege("permission denied for view pg_prepared_xacts")
+
+    monkeypatch.setattr(AdminStatements, "vacuum_horizon", refuse)
+    job_id = int(tasks.noop.enqueue().id)
+    options = WorkerOptions.from_settings(
+        handle_signals=False, concurrency=1, max_jobs=1, poll_interval=0.05
+    )
+    with (
+        override_settings(PGQUEUE_CLAIM_FLOOR_AFTER_SECONDS=0.000001),
+        caplog.at_level(logging.WARNING, logger="django_pgqueue.worker"),
+    ):
+        Worker(options).run()
+    assert Job.objects.get(pk=job_id).status == JobStatus.SUCCEEDED
+    refused = [r for r in caplog.records if "could not read what holds VACUUM" in r.getMessage()]
+    assert len(refused) == 1
+    assert refused[0].exc_info is not None
+    assert "pg_prepared_xacts" in str(refused[0].exc_info[1])
+    (slow,) = [r for r in caplog.records if "a claim from the head" in r.getMessage()]
+    assert getattr(slow, HORIZON_PID) is None
 
 
 # Only on the embedded server, which enables two-phase commit (PostgreSQL's default does

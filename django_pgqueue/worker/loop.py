@@ -343,6 +343,14 @@ class Worker(GracefulShutdown):
             # be read is logged without its holder, and the next claim meets the error.
             logger.debug("could not read what holds VACUUM back (%s)", error)
             holder = None
+        except Exception:
+            # Whatever else goes wrong reading system views (a server or pooler that
+            # refuses one of them), the same: the claim's jobs run, the warning goes
+            # out without a holder, and the error is logged (at most once per warning).
+            logger.warning(
+                "worker %s: could not read what holds VACUUM back", self.id, exc_info=True
+            )
+            holder = None
         self._slow_claims.warn(self.id, seconds, holder)
 
     def _wants_flow(self) -> bool:
