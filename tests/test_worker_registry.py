@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -64,6 +65,52 @@ def test_a_silent_worker_is_marked_dead_and_comes_back_when_it_resumes(workers, 
     finally:
         silent.send(signal.SIGCONT)
     wait_for(lambda: Worker.objects.get(pk=silent_id).status == WorkerStatus.ALIVE, timeout=15)
+
+
+HOLDS_HOUSEKEEPING = """
+SELECT EXISTS (
+    SELECT 1
+    FROM pg_locks AS lock
+    JOIN pg_stat_activity AS session ON session.pid = lock.pid
+    WHERE lock.locktype = 'advisory' AND lock.granted
+      AND session.application_name = %s
+)
+"""
+
+
+def test_a_worker_paused_inside_a_housekeeping_step_does_not_stop_housekeeping(workers, observer):
+    # A process paused (SIGSTOP, a frozen VM) while its housekeeping step holds the lock
+    # keeps its connection open: the server still ends that session once it has sat
+    # idle in its transaction long enough, and the other workers' housekeeping (here:
+    # marking the paused one dead) goes on.
+    paused = workers(settings=FAST_REGISTRY)
+    paused_id = paused.wait_registered(observer)
+    watcher = workers(settings=FAST_REGISTRY)
+    watcher.wait_registered(observer)
+    housekeeping = f"pgqueue housekeeping {paused_id}"[:63]
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "never caught the worker inside a step"
+        paused.send(signal.SIGSTOP)
+        # Stopped: its housekeeping backend now holds the lock or not, for good.
+        if observer.execute(HOLDS_HOUSEKEEPING, (housekeeping,)).fetchone()[0]:
+            break
+        paused.send(signal.SIGCONT)
+        time.sleep(0.005)  # let it run a moment: the next try lands elsewhere
+    try:
+        wait_for(
+            lambda: Worker.objects.get(pk=paused_id).status == WorkerStatus.DEAD,
+            timeout=30,
+            message="the others' housekeeping to mark the paused lock holder dead",
+        )
+        assert not observer.execute(HOLDS_HOUSEKEEPING, (housekeeping,)).fetchone()[0]
+    finally:
+        paused.send(signal.SIGCONT)
+    # Resumed, it finds its housekeeping connection ended, opens another, and is back.
+    wait_for(lambda: Worker.objects.get(pk=paused_id).status == WorkerStatus.ALIVE, timeout=15)
+    watcher.stop()
+    paused.stop()
+    assert "Traceback" not in paused.output(), paused.output()
 
 
 def _owned(worker_id: str, queue: str = "default") -> int:

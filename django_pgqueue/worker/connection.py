@@ -22,10 +22,13 @@ logger = logging.getLogger("django_pgqueue.worker")
 T = TypeVar("T")
 
 #: Errors that mean "the connection is gone or unusable": server restart or crash,
-#: pg_terminate_backend, network loss. Anything else is a bug or a data problem.
+#: pg_terminate_backend, network loss, or a session the server ended because it sat idle
+#: in a transaction (a paused process: see worker/housekeeping.py; that FATAL error is an
+#: InternalError by its SQLSTATE class). Anything else is a bug or a data problem.
 CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,
     psycopg.InterfaceError,
+    psycopg.errors.IdleInTransactionSessionTimeout,
     django_db_utils.OperationalError,
     django_db_utils.InterfaceError,
 )

@@ -13,6 +13,7 @@ statement skips signals another worker is folding).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -46,6 +47,13 @@ DEAD_WORKER_RETENTION_SECONDS = 24 * 3600.0
 #: How often lazy signals are folded: they only matter when every job ahead of a new one
 #: left before its producer committed, so a fraction of a second is soon enough.
 LAZY_FOLD_SECONDS = 0.25
+#: How long a housekeeping step may sit idle in its transaction before the server ends
+#: the session: a process paused inside a step would otherwise keep the housekeeping
+#: lock from every worker, and the locks its DDL took (a history partition dropped,
+#: whose parent every completion writes to) from the whole queue, for as long as the
+#: pause lasts. A step runs its statements back to back, so only a paused (or badly
+#: starved) process reaches it.
+STEP_IDLE_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +80,23 @@ class HousekeepingReport:
         )
 
 
-def _step[T](slot: ConnectionSlot, work: Callable[[QueueStore], T]) -> tuple[bool, T | None]:
+def _step[T](
+    slot: ConnectionSlot, work: Callable[[QueueStore], T], *, idle_timeout: float
+) -> tuple[bool, T | None]:
     """Run one housekeeping step in its own short transaction, if the lock is free.
 
     Short transactions: a reaped row or a worker marked dead is not kept locked while
     the pass goes on pruning, so no heartbeat or outcome write waits on housekeeping.
     A step the database refuses is rolled back and logged, and reported as run with
-    nothing done: the other steps still run. A lost connection is raised.
+    nothing done: the other steps still run. A lost connection is raised; so is the
+    end of a session that sat idle in its step longer than ``idle_timeout`` seconds
+    (the process was paused: see :data:`STEP_IDLE_SECONDS`).
     """
     connection = slot.connection
     store = slot.store
     try:
         with connection.transaction():
-            if not store.try_housekeeping_lock():
+            if not store.try_housekeeping_lock(idle_timeout=idle_timeout):
                 return False, None
             return True, work(store)
     except CONNECTION_ERRORS:
@@ -139,18 +151,19 @@ def run_pass(
 ) -> HousekeepingReport:
     """Run one housekeeping pass, each step in its own transaction, if this process wins
     the lock (each step takes it again; another worker may do the next one)."""
-    ran, reaped = _step(slot, lambda store: _reap(store, reap_floor))
+    step = functools.partial(_step, idle_timeout=STEP_IDLE_SECONDS)
+    ran, reaped = step(slot, lambda store: _reap(store, reap_floor))
     if not ran:
         return HousekeepingReport(ran=False)
     reaped = reaped or []
-    _, dead = _step(
+    _, dead = step(
         slot, lambda store: store.mark_silent_workers_dead(timeout_seconds=worker_timeout)
     )
     dead_workers = dead or []
     pruned = 0
     retention = conf.RETENTION_SECONDS
     if retention is not None:
-        _, count = _step(
+        _, count = step(
             slot,
             lambda store: store.prune_finished(
                 retention_seconds=retention, limit=conf.PRUNE_BATCH_SIZE
@@ -159,28 +172,28 @@ def run_pass(
         pruned += count or 0
     dead_retention = conf.DEAD_LETTER_RETENTION_SECONDS
     if dead_retention is not None:
-        _, count = _step(
+        _, count = step(
             slot,
             lambda store: store.prune_dead_letters(
                 retention_seconds=dead_retention, limit=conf.PRUNE_BATCH_SIZE
             ),
         )
         pruned += count or 0
-    _step(
+    step(
         slot,
         lambda store: store.prune_dead_workers(retention_seconds=DEAD_WORKER_RETENTION_SECONDS),
     )
-    _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
-    _step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
-    _, upkeep = _step(slot, maintain_history)
-    _, moved = _step(slot, move_finished)
-    _, history = _step(slot, prune_history)
-    _step(slot, prune_idempotency_keys)
+    step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
+    step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
+    _, upkeep = step(slot, maintain_history)
+    _, moved = step(slot, move_finished)
+    _, history = step(slot, prune_history)
+    step(slot, prune_idempotency_keys)
     if history is not None:
         pruned += history.deleted
     repaired = 0
     if repair is not None:
-        _, fixed = _step(slot, repair.run)
+        _, fixed = step(slot, repair.run)
         repaired = fixed or 0
     report = HousekeepingReport(
         ran=True,

@@ -9,8 +9,16 @@
 
 
 -- name: try_housekeeping_lock
--- Take the housekeeping lock for the current transaction, if no one else holds it.
-SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS acquired
+-- Take the housekeeping lock for the current transaction, if no one else holds it, and
+-- bound how long this transaction may sit idle (idle_timeout, in milliseconds; '0':
+-- unbounded). A worker paused inside a step (SIGSTOP, a frozen VM, a debugger) keeps its
+-- connection open, since its kernel still answers TCP keepalives: it would hold the lock,
+-- and with it every other worker's housekeeping (the reaper and the registry included),
+-- for as long as it stays paused. The server ends such a session instead; the step rolls
+-- back and is run again by whoever takes the lock next. set_config(..., true) is SET
+-- LOCAL: it ends with the transaction, so it is safe behind PgBouncer.
+SELECT pg_try_advisory_xact_lock(%(lock_key)s) AS acquired,
+    set_config('idle_in_transaction_session_timeout', %(idle_timeout)s, true)
 
 
 -- name: reap_expired

@@ -25,9 +25,17 @@ from django_pgqueue.store.values import ReapedJob
 class MaintenanceStatements(StoreBase):
     """Housekeeping statements of :class:`~django_pgqueue.store.queue.QueueStore`."""
 
-    def try_housekeeping_lock(self) -> bool:
-        """Take the transaction-level housekeeping lock if free; call inside a transaction."""
-        rows = self._run("try_housekeeping_lock", lock_key=HOUSEKEEPING_LOCK_KEY).rows
+    def try_housekeeping_lock(self, *, idle_timeout: float | None = None) -> bool:
+        """Take the transaction-level housekeeping lock if free; call inside a transaction.
+
+        ``idle_timeout`` (seconds; None: unbounded) is how long the rest of the
+        transaction may sit idle before the server ends the session, so a paused
+        process cannot keep the lock from the other workers.
+        """
+        milliseconds = 0 if idle_timeout is None else max(1, round(idle_timeout * 1000))
+        rows = self._run(
+            "try_housekeeping_lock", lock_key=HOUSEKEEPING_LOCK_KEY, idle_timeout=str(milliseconds)
+        ).rows
         return bool(rows[0][0])
 
     def reap_expired(
