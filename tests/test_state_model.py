@@ -478,18 +478,24 @@ class QueueMachine(RuleBasedStateMachine):
         worker=st.sampled_from(WORKERS),
         queue=st.sampled_from(QUEUES),
         limit=st.integers(1, 4),
+        from_floor=st.booleans(),
     )
-    def batch_mates(self, worker: str, queue: str, limit: int) -> Any:
+    def batch_mates(self, worker: str, queue: str, limit: int, from_floor: bool) -> Any:
         """A worker gathering a batch claims more jobs of the task: plain ready jobs
-        only, never from a paused queue, the best ones in claim order, as many as asked
-        if there are that many. Each is then completed, failed, snoozed, given back or
-        lost by the lease rules like any other (a job of a batch is retried alone)."""
+        only, never from a paused queue, the best ones in claim order (after the
+        worker's floor of the queue, while it claims from floors; never one before it),
+        as many as asked if there are that many. Each is then completed, failed,
+        snoozed, given back or lost by the lease rules like any other (a job of a batch
+        is retried alone)."""
         rows = self.db_rows()
         available = {job_id: row["available_at"] for job_id, row in rows.items()}
+        floor = self.floors.get((worker, queue)) if from_floor else None
         plain = [
             job
             for job in self.model.claimable(queue, available)
-            if job.partition is None and job.key is None
+            if job.partition is None
+            and job.key is None
+            and (floor is None or claim_order(job, available) > floor.sort_key())
         ]
         claimed = self.store.claim_batch_mates(
             worker,
@@ -497,13 +503,18 @@ class QueueMachine(RuleBasedStateMachine):
             task_path="tests.tasks.noop",
             limit=limit,
             lease_seconds=LEASE_SECONDS,
+            floor=floor,
         )
         expected = {job.id for job in plain[:limit]}
         assert {job.id for job in claimed} == expected, (
-            f"mates {[job.id for job in claimed]} of {queue!r}, expected {sorted(expected)}"
+            f"mates {[job.id for job in claimed]} of {queue!r} from floor {floor}, "
+            f"expected {sorted(expected)}"
         )
         self.take(claimed, worker)
-        self.checked["batch mates were the best plain jobs"] += 1
+        if floor is None:
+            self.checked["batch mates were the best plain jobs"] += 1
+        else:
+            self.checked["batch mates from a floor were the best after it"] += 1
         return multiple(*(job.lease for job in claimed))
 
     @rule(per_queue=st.integers(1, 3))
@@ -989,5 +1000,7 @@ def test_every_feature_and_operator_action_together_matches_the_model(store, mak
         "snoozed",
         "snooze over its cap dead-lettered",
         "enqueued from SQL",
+        "floor rounds took the best jobs after their floors",
+        "batch mates from a floor were the best after it",
     ):
         assert checked[what], f"never exercised: {what}"
