@@ -161,12 +161,13 @@ try:
                 rates.setdefault(phase, []).append(rate)
                 slow = stats.execute(
                     "SELECT round(extract(epoch FROM clock_timestamp() - query_start)::numeric, 2),"
+                    " coalesce(wait_event_type || ':' || wait_event, 'cpu'),"
                     " left(regexp_replace(query, '\\s+', ' ', 'g'), 70) FROM pg_stat_activity"
                     " WHERE state = 'active' AND pid <> pg_backend_pid()"
                     " AND clock_timestamp() - query_start > interval '100 ms'"
                 ).fetchall()
-                for seconds_, text in slow:
-                    print(f"      slow {seconds_}s {text}", flush=True)
+                for seconds_, waiting, text in slow:
+                    print(f"      slow {seconds_}s {waiting} {text}", flush=True)
                 print(
                     f"{phase:5s} t={now:9.1f} completed/s={rate:8.0f} dead={dead:9d} "
                     f"live={live:8d} table={table / 2**20:7.1f}MB "
