@@ -13,7 +13,6 @@ statement skips signals another worker is folding).
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import threading
@@ -81,7 +80,10 @@ class HousekeepingReport:
 
 
 def _step[T](
-    slot: ConnectionSlot, work: Callable[[QueueStore], T], *, idle_timeout: float
+    slot: ConnectionSlot,
+    work: Callable[[QueueStore], T],
+    *,
+    idle_timeout: float = STEP_IDLE_SECONDS,
 ) -> tuple[bool, T | None]:
     """Run one housekeeping step in its own short transaction, if the lock is free.
 
@@ -151,19 +153,18 @@ def run_pass(
 ) -> HousekeepingReport:
     """Run one housekeeping pass, each step in its own transaction, if this process wins
     the lock (each step takes it again; another worker may do the next one)."""
-    step = functools.partial(_step, idle_timeout=STEP_IDLE_SECONDS)
-    ran, reaped = step(slot, lambda store: _reap(store, reap_floor))
+    ran, reaped = _step(slot, lambda store: _reap(store, reap_floor))
     if not ran:
         return HousekeepingReport(ran=False)
     reaped = reaped or []
-    _, dead = step(
+    _, dead = _step(
         slot, lambda store: store.mark_silent_workers_dead(timeout_seconds=worker_timeout)
     )
     dead_workers = dead or []
     pruned = 0
     retention = conf.RETENTION_SECONDS
     if retention is not None:
-        _, count = step(
+        _, count = _step(
             slot,
             lambda store: store.prune_finished(
                 retention_seconds=retention, limit=conf.PRUNE_BATCH_SIZE
@@ -172,28 +173,28 @@ def run_pass(
         pruned += count or 0
     dead_retention = conf.DEAD_LETTER_RETENTION_SECONDS
     if dead_retention is not None:
-        _, count = step(
+        _, count = _step(
             slot,
             lambda store: store.prune_dead_letters(
                 retention_seconds=dead_retention, limit=conf.PRUNE_BATCH_SIZE
             ),
         )
         pruned += count or 0
-    step(
+    _step(
         slot,
         lambda store: store.prune_dead_workers(retention_seconds=DEAD_WORKER_RETENTION_SECONDS),
     )
-    step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
-    step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
-    _, upkeep = step(slot, maintain_history)
-    _, moved = step(slot, move_finished)
-    _, history = step(slot, prune_history)
-    step(slot, prune_idempotency_keys)
+    _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
+    _step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
+    _, upkeep = _step(slot, maintain_history)
+    _, moved = _step(slot, move_finished)
+    _, history = _step(slot, prune_history)
+    _step(slot, prune_idempotency_keys)
     if history is not None:
         pruned += history.deleted
     repaired = 0
     if repair is not None:
-        _, fixed = step(slot, repair.run)
+        _, fixed = _step(slot, repair.run)
         repaired = fixed or 0
     report = HousekeepingReport(
         ran=True,
