@@ -14,12 +14,14 @@ import threading
 
 import pytest
 
+from django_pgqueue.features.scheduling import sync_schedules
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.queue import SCHEDULE_SYNC_LOCK_KEY
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker import scheduler as scheduler_module
+from django_pgqueue.worker.connection import CONNECTION_ERRORS, ConnectionSlot
 from django_pgqueue.worker.scheduler import Scheduler
 from tests.workers import wait_for
 
@@ -74,3 +76,27 @@ def test_the_scheduler_syncs_once_the_lock_is_free(db_url, open_connection, shor
         if holder.info.transaction_status:
             holder.execute("ROLLBACK")
     assert not scheduler.is_alive()
+
+
+def test_a_worker_paused_inside_its_sync_lets_go_of_the_lock(open_connection, short_sync_wait):
+    # The starting worker syncs and then stops before its COMMIT (SIGSTOP, a frozen VM):
+    # its connection stays open, but the server ends the session once it has sat idle
+    # for the bounded wait, so the sync lock is free again for the others, and the
+    # paused worker meets a lost connection when it resumes (the scheduler then retries).
+    slot = ConnectionSlot("default", "pgqueue paused starter")
+    other = open_connection()
+
+    def sync_lock_free() -> bool:
+        # A transaction-level lock of its own statement: let go of at once.
+        return other.execute(
+            "SELECT pg_try_advisory_xact_lock(%s)", [SCHEDULE_SYNC_LOCK_KEY]
+        ).fetchone()[0]
+
+    try:
+        with pytest.raises(CONNECTION_ERRORS), slot.connection.transaction():
+            sync_schedules(slot.store, [], lock_timeout=scheduler_module.SYNC_LOCK_TIMEOUT)
+            assert not sync_lock_free()
+            # The pause: this thread sends nothing more until the lock is free.
+            wait_for(sync_lock_free, timeout=20, message="the server to end the paused sync")
+    finally:
+        slot.close()

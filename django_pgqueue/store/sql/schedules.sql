@@ -23,8 +23,13 @@ SELECT pg_advisory_xact_lock(%(lock_key)s)
 -- name: limit_schedule_sync_wait
 -- Bound how long the rest of this transaction (the sync) waits for any lock: a session
 -- that holds the sync lock and never commits must not keep a starting worker from its
--- jobs. SET LOCAL: ends with the transaction, safe behind PgBouncer.
-SELECT set_config('lock_timeout', %(lock_timeout)s, true)
+-- jobs. And as long, how long it may sit idle: a worker paused in the middle of its
+-- sync (SIGSTOP, a frozen VM) keeps its connection open, and would hold the sync lock
+-- and the schedule rows it wrote, which every worker's firing of those schedules waits
+-- for; the server ends its session instead. SET LOCAL: ends with the transaction, safe
+-- behind PgBouncer.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true),
+    set_config('idle_in_transaction_session_timeout', %(lock_timeout)s, true)
 
 
 -- name: schedule_clock

@@ -24,7 +24,9 @@ class ScheduleStatements(StoreBase):
         """Wait for the schedule sync lock; call inside a transaction (released at COMMIT).
 
         With ``timeout_seconds``, every lock wait of the rest of the transaction is bounded
-        by it: past it the statement fails with ``LockNotAvailable``.
+        by it: past it the statement fails with ``LockNotAvailable``. So is the time the
+        transaction may sit idle: past it the server ends the session (a paused process
+        must not keep the lock and the rows it wrote from the other workers).
         """
         if timeout_seconds is not None:
             self._run(
