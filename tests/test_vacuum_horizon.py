@@ -10,6 +10,7 @@ say how far behind it holds the horizon, and forget it once it ends.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 
@@ -250,3 +251,77 @@ def test_a_forgotten_prepared_transaction_is_named(store, open_connection, obser
     finally:
         observer.execute("ROLLBACK PREPARED 'pgq-horizon-test'")
     _until(store.vacuum_horizon, lambda h: h is None or h.kind != "prepared transaction")
+
+
+# A physical standby with hot_standby_feedback, streaming through a replication slot:
+# its oldest snapshot becomes the slot's xmin on the primary, which VACUUM honours even
+# while the standby is disconnected. Only on the suite's own embedded server (a standby
+# is made from it with pg_basebackup); CI's other legs deselect one_server tests.
+@pytest.mark.one_server
+def test_a_standbys_replication_slot_is_named(store, observer):
+    from tests.database import embedded_server
+
+    server = embedded_server()
+    slot = "pgq_horizon_test_standby"
+    standby = server.root / "horizon-standby"
+    shutil.rmtree(standby, ignore_errors=True)
+    observer.execute("SELECT pg_create_physical_replication_slot(%s, true)", [slot])
+    started = False
+    try:
+        server._run(
+            [
+                str(server.bindir / "pg_basebackup"),
+                *("-D", str(standby), "-h", str(server.socket_dir), "-U", "postgres"),
+                *("-S", slot, "-X", "stream", "-R", "--checkpoint=fast"),
+            ]
+        )
+        # The primary keeps its socket in its data folder: the lock file came along.
+        for lock in standby.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
+        # After the primary's settings (copied in postgresql.conf): its own socket,
+        # the same port number in another folder, and feedback every second.
+        with (standby / "postgresql.auto.conf").open("a") as conf:
+            conf.write(
+                f"unix_socket_directories = '{standby}'\n"
+                "hot_standby_feedback = on\nwal_receiver_status_interval = 1\n"
+            )
+        try:
+            server._run(
+                [
+                    str(server.bindir / "pg_ctl"),
+                    *("-D", str(standby), "-l", str(standby / "standby.log")),
+                    *("-w", "-t", "60", "start"),
+                ]
+            )
+        except Exception as error:
+            log = standby / "standby.log"
+            raise AssertionError(log.read_text() if log.exists() else "no standby log") from error
+        started = True
+        dbname = observer.info.dbname
+        with psycopg.connect(host=str(standby), dbname=dbname, user="postgres") as reader:
+            reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            reader.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()
+            for _ in range(3):
+                observer.execute("SELECT txid_current()")  # transactions go by meanwhile
+            seen = _until(
+                store.vacuum_horizon,
+                lambda h: h is not None and h.kind == "replication slot" and h.xid_age >= 3,
+            )
+            assert seen.name == slot
+            assert seen.pid is not None  # its walsender, while the standby streams
+            reader.execute("ROLLBACK")
+    finally:
+        if started:
+            server._run(
+                [str(server.bindir / "pg_ctl"), "-D", str(standby), "-m", "immediate", "stop"]
+            )
+        deadline = time.monotonic() + 20
+        while True:  # its walsender may take a moment to let go of the slot
+            try:
+                observer.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+                break
+            except psycopg.errors.ObjectInUse:
+                assert time.monotonic() < deadline, "the slot stayed in use"
+                time.sleep(0.1)
+        shutil.rmtree(standby, ignore_errors=True)
+    _until(store.vacuum_horizon, lambda h: h is None or h.kind != "replication slot")
