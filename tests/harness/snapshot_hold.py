@@ -7,7 +7,7 @@ phase. Prints one line per window: completed/s, the job table's dead tuples, the
 index's size, and the statements running longer than 100 ms.
 
 usage: snapshot_hold.py ADMIN_DSN DBNAME --base S --hold S --after S [--workers 2]
-       [--conc 10] [--backlog 20000] [--window 10] [--code PATH]
+       [--conc 10] [--backlog 20000] [--window 10] [--partitions N] [--code PATH]
 (the database DBNAME is dropped and created again)
 """
 
@@ -37,6 +37,9 @@ args.add_argument("--conc", type=int, default=10)
 args.add_argument("--flags", default="")
 args.add_argument("--backlog", type=int, default=20000)
 args.add_argument("--window", type=float, default=10)
+# Jobs spread over this many partition keys (0: plain jobs): the claim then reads
+# pgq_partition_claim, whose dead entries a held snapshot keeps too.
+args.add_argument("--partitions", type=int, default=0)
 args.add_argument("--code", default=str(Path(__file__).resolve().parents[2]))
 opts = args.parse_args()
 
@@ -57,6 +60,11 @@ import django  # noqa: E402
 
 django.setup()
 from benchtasks.tasks import noop  # noqa: E402
+
+from django_pgqueue.models import Job  # noqa: E402
+from django_pgqueue.store.values import JobSpec  # noqa: E402
+
+NOOP_PATH = "benchtasks.tasks.noop"
 
 backend = noop.get_backend()
 stop = threading.Event()
@@ -91,8 +99,15 @@ def producer() -> None:
         while not stop.is_set():
             (finished,) = fresh.execute(LAST_FINISHED_SQL).fetchone()
             if newest - finished < opts.backlog:
-                results = backend.enqueue_many(noop, [((), {})] * 1000)
-                newest = max(int(result.id) for result in results)
+                if opts.partitions:
+                    specs = [
+                        JobSpec(NOOP_PATH, partition_key=f"p{(enqueued + n) % opts.partitions}")
+                        for n in range(1000)
+                    ]
+                    newest = max(job.pk for job in Job.objects.enqueue_many(specs))
+                else:
+                    results = backend.enqueue_many(noop, [((), {})] * 1000)
+                    newest = max(int(result.id) for result in results)
                 enqueued += 1000
             else:
                 time.sleep(0.02)
@@ -168,6 +183,12 @@ try:
                 ).fetchall()
                 for seconds_, waiting, text in slow:
                     print(f"      slow {seconds_}s {waiting} {text}", flush=True)
+                if opts.partitions:
+                    (part_dead,) = stats.execute(
+                        "SELECT n_dead_tup FROM pg_stat_user_tables"
+                        " WHERE relname = 'django_pgqueue_partition'"
+                    ).fetchone()
+                    print(f"      partition rows dead={part_dead}", flush=True)
                 print(
                     f"{phase:5s} t={now:9.1f} completed/s={rate:8.0f} dead={dead:9d} "
                     f"live={live:8d} table={table / 2**20:7.1f}MB "
