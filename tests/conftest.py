@@ -124,6 +124,7 @@ SERVER_SIDE = frozenset(
         "test_indexes.py",
         "test_invariants.py",
         "test_lease_loss_races.py",
+        "test_lock_order.py",
         "test_metrics_indexes.py",
         "test_migration_interrupted.py",
         "test_module_sets.py",
