@@ -160,6 +160,7 @@ SERVER_SIDE = frozenset(
         "test_stuck_handlers.py",
         "test_stop_signals.py",
         "test_timed_out_handlers.py",
+        "test_transient_errors.py",
         "test_worker_crashes.py",
         "test_worker_faults.py",
         "test_worker_hot_path.py",

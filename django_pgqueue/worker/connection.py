@@ -36,7 +36,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 #: Errors after which the same statement may well succeed on the same connection: the
 #: statement was chosen as a deadlock victim, hit a lock or statement timeout, or a
-#: serialization failure. Retried; never a reason to stop a worker.
+#: serialization failure. Retried; never a reason to stop a worker, nor to reconnect.
+#: psycopg makes each of them an OperationalError, so a handler of these must come
+#: before one of CONNECTION_ERRORS (tests/test_transient_errors.py checks every one).
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     psycopg.errors.DeadlockDetected,
     psycopg.errors.LockNotAvailable,
@@ -73,11 +75,17 @@ class ConnectionSlot:
             return self._connection
 
     def run(self, operation: Callable[[QueueStore], T]) -> T:
-        """Run ``operation`` with the store; on a connection error, reset and re-raise."""
+        """Run ``operation`` with the store; on a connection error, reset and re-raise.
+
+        A transient error (a deadlock victim, a lock timeout) leaves the connection as
+        it is: the session is fine, and reconnecting would only cost a new backend.
+        """
         with self._lock:
             store = self.store
             try:
                 return operation(store)
+            except TRANSIENT_ERRORS:
+                raise
             except CONNECTION_ERRORS:
                 self.reset()
                 raise

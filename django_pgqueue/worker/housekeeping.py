@@ -300,15 +300,15 @@ class Housekeeper(threading.Thread):
                     )
                     self.passes += 1
                     delay = 0.05 if report.more_to_do else self._interval * random.uniform(0.8, 1.2)  # noqa: S311
+                except TRANSIENT_ERRORS as error:
+                    logger.warning("housekeeping: %s; retrying", error)
+                    delay = min(self._interval, 1.0)
                 except CONNECTION_ERRORS as error:
                     self._slot.reset()
                     # A pass cut off may not have recovered what its floor says it did.
                     self._reap_floor = ReapFloor()
                     logger.warning("housekeeping: connection lost (%s)", error)
                     delay = min(self._interval, 2.0)
-                except TRANSIENT_ERRORS as error:
-                    logger.warning("housekeeping: %s; retrying", error)
-                    delay = min(self._interval, 1.0)
                 except Exception:
                     logger.exception("housekeeping pass failed")
                     delay = self._interval

@@ -222,14 +222,14 @@ class Worker(GracefulShutdown):
             if capacity > 0 and (capacity >= refill_at or waiting == 0):
                 try:
                     claimed, full = self._claim(min(capacity, options.batch_size))
+                except TRANSIENT_ERRORS as error:
+                    logger.warning("claim failed (%s); retrying", error)
+                    self._wake.wait(0.05)
+                    continue
                 except CONNECTION_ERRORS as error:
                     logger.warning("claim failed, the connection was lost (%s)", error)
                     self._cursor.forget()
                     self._wake.wait(0.2)
-                    continue
-                except TRANSIENT_ERRORS as error:
-                    logger.warning("claim failed (%s); retrying", error)
-                    self._wake.wait(0.05)
                     continue
                 coroutines: list[InFlight] = []
                 for job in claimed:

@@ -58,7 +58,7 @@ class OutcomeRecorder(WorkerState):
                     recorded = self._record_outcomes()
                 self._wake.set()  # capacity came free: the dispatcher may claim
                 if not recorded:
-                    self._recorder_stop.wait(0.2)  # the database is unreachable: retry soon
+                    self._recorder_stop.wait(0.2)  # not written (see _record_outcomes): retry soon
         except BaseException as error:
             logger.exception("worker %s: the recorder failed", self.id)
             self._recorder_error = error
@@ -74,7 +74,7 @@ class OutcomeRecorder(WorkerState):
             self._recorder.join(self.options.grace_seconds)
 
     def _record_outcomes(self) -> bool:
-        """Write every delivered outcome; return False if the database was unreachable.
+        """Write every delivered outcome; return False if they must be written again.
 
         Recording never crashes the worker: an outcome the database refuses is written
         on its own, made storable, and as a last resort recorded as a failure of that
@@ -97,13 +97,12 @@ class OutcomeRecorder(WorkerState):
         self._write_started = time.monotonic()
         try:
             self._recorder_slot.run(lambda store: self._write_outcomes(store, outcomes))
-        except CONNECTION_ERRORS as error:
+        except TRANSIENT_ERRORS + CONNECTION_ERRORS as error:
+            # A deadlock victim or a lock timeout keeps its connection (ConnectionSlot);
+            # either way the unwritten outcomes go again after a short pause.
             logger.warning("recording %d outcomes failed (%s); will retry", len(outcomes), error)
             self._undelivered = [outcome for outcome in outcomes if not outcome.written]
             return False
-        except TRANSIENT_ERRORS as error:
-            logger.warning("recording %d outcomes failed (%s); will retry", len(outcomes), error)
-            self._undelivered = [outcome for outcome in outcomes if not outcome.written]
         finally:
             self._write_started = None
         return True

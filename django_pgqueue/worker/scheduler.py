@@ -82,7 +82,8 @@ class Scheduler(threading.Thread):
             # manage.py check reports it too; fire what the table holds.
             logger.error("schedules not synced: %s", error)
         except CONNECTION_ERRORS + TRANSIENT_ERRORS as error:
-            self._slot.reset()
+            if not isinstance(error, TRANSIENT_ERRORS):  # a lock timeout keeps its session
+                self._slot.reset()
             logger.warning("scheduler: could not sync the schedules yet (%s)", error)
             return False
         return True
@@ -98,12 +99,12 @@ class Scheduler(threading.Thread):
                     report = self._slot.run(fire_due)
                     self.passes += 1
                     delay = _sleep_after(report)
+                except TRANSIENT_ERRORS as error:
+                    logger.warning("scheduler: %s; retrying", error)
+                    delay = RETRY_SLEEP
                 except CONNECTION_ERRORS as error:
                     self._slot.reset()
                     logger.warning("scheduler: connection lost (%s)", error)
-                    delay = RETRY_SLEEP
-                except TRANSIENT_ERRORS as error:
-                    logger.warning("scheduler: %s; retrying", error)
                     delay = RETRY_SLEEP
                 except Exception:
                     logger.exception("scheduler pass failed")
