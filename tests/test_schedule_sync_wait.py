@@ -18,6 +18,7 @@ from django_pgqueue.features.scheduling import sync_schedules
 from django_pgqueue.models import Job
 from django_pgqueue.states import JobStatus
 from django_pgqueue.store.queue import SCHEDULE_SYNC_LOCK_KEY
+from django_pgqueue.store.statements.base import timeout_setting
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.worker import Worker, WorkerOptions
 from django_pgqueue.worker import scheduler as scheduler_module
@@ -100,3 +101,12 @@ def test_a_worker_paused_inside_its_sync_lets_go_of_the_lock(open_connection, sh
             wait_for(sync_lock_free, timeout=20, message="the server to end the paused sync")
     finally:
         slot.close()
+
+
+@pytest.mark.parametrize(
+    ("seconds", "setting"),
+    [(None, "0"), (5.0, "5000ms"), (0.25, "250ms"), (0.0001, "1ms")],
+)
+def test_a_timeout_is_sent_in_milliseconds_and_a_positive_one_never_as_zero(seconds, setting):
+    # '0' turns the server's timeout off: a tiny positive bound must stay a bound.
+    assert timeout_setting(seconds) == setting

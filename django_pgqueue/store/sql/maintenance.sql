@@ -10,8 +10,8 @@
 
 -- name: try_housekeeping_lock
 -- Take the housekeeping lock for the current transaction, if no one else holds it, and
--- bound how long this transaction may sit idle (idle_timeout, in milliseconds; '0':
--- unbounded). A worker paused inside a step (SIGSTOP, a frozen VM, a debugger) keeps its
+-- bound how long this transaction may sit idle (idle_timeout, a setting such as '5000ms';
+-- '0': unbounded). A worker paused inside a step (SIGSTOP, a frozen VM, a debugger) keeps its
 -- connection open, since its kernel still answers TCP keepalives: it would hold the lock,
 -- and with it every other worker's housekeeping (the reaper and the registry included),
 -- for as long as it stays paused. The server ends such a session instead; the step rolls

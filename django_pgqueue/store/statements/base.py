@@ -34,6 +34,15 @@ FOLD_BATCH = 1000
 LAZY_FOLD_BATCH = 2000
 
 
+def timeout_setting(seconds: float | None) -> str:
+    """Return ``seconds`` as a value for a server timeout setting ('0': none).
+
+    At least a millisecond: a positive timeout must never round to '0', which turns the
+    timeout off.
+    """
+    return "0" if seconds is None else f"{max(1, round(seconds * 1000))}ms"
+
+
 class StoreBase:
     """One connection's runner, and how a statement is run on it."""
 

@@ -18,7 +18,11 @@ from django_pgqueue.store.notices import flow_channel, lease_channel
 from django_pgqueue.store.reports import LiveWorker, QueueCounts
 from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.runners import load_json
-from django_pgqueue.store.statements.base import HOUSEKEEPING_LOCK_KEY, StoreBase
+from django_pgqueue.store.statements.base import (
+    HOUSEKEEPING_LOCK_KEY,
+    StoreBase,
+    timeout_setting,
+)
 from django_pgqueue.store.values import ReapedJob
 
 
@@ -32,9 +36,10 @@ class MaintenanceStatements(StoreBase):
         transaction may sit idle before the server ends the session, so a paused
         process cannot keep the lock from the other workers.
         """
-        milliseconds = 0 if idle_timeout is None else max(1, round(idle_timeout * 1000))
         rows = self._run(
-            "try_housekeeping_lock", lock_key=HOUSEKEEPING_LOCK_KEY, idle_timeout=str(milliseconds)
+            "try_housekeeping_lock",
+            lock_key=HOUSEKEEPING_LOCK_KEY,
+            idle_timeout=timeout_setting(idle_timeout),
         ).rows
         return bool(rows[0][0])
 

@@ -12,7 +12,11 @@ from datetime import datetime
 
 from django_pgqueue.conf import conf
 from django_pgqueue.store.notices import flow_channel
-from django_pgqueue.store.statements.base import SCHEDULE_SYNC_LOCK_KEY, StoreBase
+from django_pgqueue.store.statements.base import (
+    SCHEDULE_SYNC_LOCK_KEY,
+    StoreBase,
+    timeout_setting,
+)
 from django_pgqueue.store.values import DueSchedule, FireResult, PausedSchedule, ScheduleDefinition
 
 
@@ -29,10 +33,7 @@ class ScheduleStatements(StoreBase):
         must not keep the lock and the rows it wrote from the other workers).
         """
         if timeout_seconds is not None:
-            self._run(
-                "limit_schedule_sync_wait",
-                lock_timeout=f"{max(1, round(timeout_seconds * 1000))}ms",
-            )
+            self._run("limit_schedule_sync_wait", lock_timeout=timeout_setting(timeout_seconds))
         self._run("lock_schedule_sync", lock_key=SCHEDULE_SYNC_LOCK_KEY)
 
     def database_now(self) -> datetime:
