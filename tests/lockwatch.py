@@ -16,13 +16,14 @@ sampling interval.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
-__all__ = ["LockWait", "LockWatch"]
+__all__ = ["LockWait", "LockWatch", "deadlocks_after_workers_left"]
 
 _SAMPLE = """
 SELECT pid, application_name, query_start, wait_event,
@@ -112,3 +113,27 @@ class LockWatch:
             for wait in waits[:limit]
         ]
         return "\n".join(lines)
+
+
+def deadlocks_after_workers_left(conn: psycopg.Connection[Any], *, prefix: str = "pgqueue") -> int:
+    """Return how many deadlocks the server detected in this database, once no backend
+    whose ``application_name`` starts with ``prefix`` is left (a backend reports its
+    counts as it exits, so a deadlock it saw is counted by then)."""
+    pattern = prefix.replace("%", r"\%").replace("_", r"\_") + "%"
+    for _ in range(200):
+        left = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name LIKE %s",
+            [pattern],
+        ).fetchone()
+        if left is not None and left[0] == 0:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"backends named {prefix}* still connected after 10s")
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(
+        "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
