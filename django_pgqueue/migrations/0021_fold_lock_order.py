@@ -33,19 +33,19 @@ BEGIN
         WHERE wanted.key IS NOT NULL
         ORDER BY 1
     LOOP
-        -- Every row locked here, in key order, even one that is stale: the refresh
-        -- below then waits on none (a lock taken there would come after rows of
-        -- greater keys locked here).
+        -- Every row locked here, in key order, even one that is stale (a missing one
+        -- created first): the refresh below then waits on none (a lock taken there
+        -- would come after rows of greater keys locked here).
         LOOP
-            INSERT INTO django_pgqueue_partition (partition_key, refreshed_at)
-            VALUES (partition, now())
-            ON CONFLICT (partition_key) DO NOTHING;
             SELECT part.head_id, part.running_id
             INTO current
             FROM django_pgqueue_partition AS part
             WHERE part.partition_key = partition
             FOR UPDATE;
             EXIT WHEN FOUND;
+            INSERT INTO django_pgqueue_partition (partition_key, refreshed_at)
+            VALUES (partition, now())
+            ON CONFLICT (partition_key) DO NOTHING;
         END LOOP;
         -- A claim leaves head_id on the job it started: only another one is a next job.
         IF current.head_id IS NULL OR current.head_id IS NOT DISTINCT FROM current.running_id
@@ -76,15 +76,15 @@ BEGIN
     LOOP
         -- As above: every row locked (a missing one created) in key order first.
         LOOP
-            INSERT INTO django_pgqueue_concurrency (concurrency_key, refreshed_at)
-            VALUES (key, now())
-            ON CONFLICT (concurrency_key) DO NOTHING;
             SELECT conc.in_flight, conc.max_in_flight, conc.head_id, conc.head_available_at
             INTO current
             FROM django_pgqueue_concurrency AS conc
             WHERE conc.concurrency_key = key
             FOR UPDATE;
             EXIT WHEN FOUND;
+            INSERT INTO django_pgqueue_concurrency (concurrency_key, refreshed_at)
+            VALUES (key, now())
+            ON CONFLICT (concurrency_key) DO NOTHING;
         END LOOP;
         IF NOT (
             current.in_flight >= current.max_in_flight
