@@ -395,6 +395,32 @@ def test_hot_queries_use_their_indexes_with_a_million_finished_rows(open_connect
     assert not problems, "\n".join(problems)
 
 
+#: Ten thousand partition rows, half of them marked running (the partition claim cost
+#: test's shape): statistics that make "is its running job still processing?" look like
+#: a join better done by hashing the whole job table.
+RUNNING_PARTITIONS = """
+INSERT INTO django_pgqueue_partition (
+    partition_key, queue, partition_bucket, head_id, head_priority, head_available_at,
+    running_id, refreshed_at
+)
+SELECT 'part-' || g, 'default', g % 1024, g, 0, now(), CASE WHEN g % 2 = 0 THEN g END, now()
+FROM generate_series(1, 10000) AS g
+"""
+
+
+def test_hot_queries_use_their_indexes_with_thousands_of_running_partitions(open_connection):
+    conn = open_connection(prepare=False)
+    conn.execute(SEED, {"rows": FINISHED_ROWS})
+    conn.execute(SEED_KEYS)
+    conn.execute(PENDING)
+    conn.execute(PROCESSING)
+    conn.execute(RUNNING_PARTITIONS)
+    for table in ("job", "job_history", "job_key", "partition"):
+        conn.execute(f"ANALYZE django_pgqueue_{table}")
+    problems = _problems(conn)
+    assert not problems, "\n".join(problems)
+
+
 def test_generic_plans_made_on_an_empty_queue_stay_safe(open_connection):
     # Statistics taken while no partitioned job existed: a worker that starts now caches
     # generic plans from them, and must still probe partitions through their own indexes.

@@ -234,10 +234,12 @@ UNION ALL
 SELECT part.partition_key, 'running_job'
 FROM django_pgqueue_partition AS part
 WHERE part.running_id IS NOT NULL
-  AND NOT EXISTS (
-      SELECT 1 FROM django_pgqueue_job AS job
-      WHERE job.id = part.running_id AND job.status = 'processing'
-  )
+  -- A scalar subquery on purpose: one primary-key probe per running partition. NOT
+  -- EXISTS became a hash anti-join over a sequential scan of the whole job table once
+  -- the statistics said thousands of partitions were running.
+  AND (
+      SELECT job.status FROM django_pgqueue_job AS job WHERE job.id = part.running_id
+  ) IS DISTINCT FROM 'processing'
 UNION ALL
 SELECT (
     SELECT max(pending_partitions.partition_key) FROM pending_partitions
