@@ -115,6 +115,7 @@ SERVER_SIDE = frozenset(
         "test_embedded.py",
         "test_example_project.py",
         "test_fencing.py",
+        "test_flow_floors.py",
         "test_flow_state_claim_cost.py",
         "test_flow_combinations.py",
         "test_history.py",

@@ -23,9 +23,11 @@ from django_pgqueue.worker.cursor import (
     FLOOR_SPAN,
     SHORT_SPAN,
     ClaimCursor,
+    ClaimFloors,
     HeadPacing,
     ReapFloor,
 )
+from tests.claim_params import no_flow_floors
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -66,6 +68,11 @@ def _job(job_id: int, *, queue: str = "default", priority: int = 0, at: int = 0,
 
 
 # ---------------------------------------------------------------- the worker's cursor
+def _plain(floors: ClaimFloors | None) -> list[ClaimFloor | None] | None:
+    """The plain floors of a claim (None: the head)."""
+    return None if floors is None else floors.plain
+
+
 def _sent(job: ClaimedJob) -> ClaimFloor:
     """The floor a claim sends after ``job``: FLOOR_LOOKBACK before it."""
     return ClaimFloor(job.priority, job.available_at - FLOOR_LOOKBACK, 0)
@@ -88,7 +95,7 @@ def test_a_slow_claim_from_the_head_starts_floors_for_a_span_then_the_head_again
     cursor.claimed([_job(7, at=3), _job(5, at=2)], seconds=0.5)
     # The floor is the last job in claim order (not the last row returned), sent
     # FLOOR_LOOKBACK early so that a producer transaction that committed late is seen.
-    assert cursor.floors(["default"]) == [_sent(_job(7, at=3))]
+    assert _plain(cursor.floors(["default"])) == [_sent(_job(7, at=3))]
     clock.now += FLOOR_SPAN * 0.5 - 0.01
     assert cursor.floors(["default"]) is not None
     clock.now += 0.02
@@ -122,7 +129,7 @@ def test_a_short_claim_from_floors_brings_the_head_back_sooner():
     cursor.claimed([], seconds=0.001, short=True)
     assert cursor.floors(["default"]) is None
     cursor.claimed([_job(3, at=3)], seconds=0.5)
-    assert cursor.floors(["default"]) == [_sent(_job(3, at=3))]
+    assert _plain(cursor.floors(["default"])) == [_sent(_job(3, at=3))]
     # The claim from the head started a new span: a full one again.
     clock.now += SHORT_SPAN * 0.5 + 0.01
     assert cursor.floors(["default"]) is not None
@@ -147,13 +154,13 @@ def test_floors_only_move_on_and_a_claim_from_the_head_sets_them_again():
     cursor.floors(["default"])
     # A job before the floor (from the lookback) does not move it back.
     cursor.claimed([_job(3, at=1)], seconds=0.001)
-    assert cursor.floors(["default"]) == [_sent(_job(9, at=9))]
+    assert _plain(cursor.floors(["default"])) == [_sent(_job(9, at=9))]
     cursor.claimed([_job(12, at=12)], seconds=0.001)
-    assert cursor.floors(["default"]) == [_sent(_job(12, at=12))]
+    assert _plain(cursor.floors(["default"])) == [_sent(_job(12, at=12))]
     clock.now += 100
     assert cursor.floors(["default"]) is None  # the span is over: from the head
     cursor.claimed([_job(3, at=1)], seconds=1.0)
-    assert cursor.floors(["default"]) == [_sent(_job(3, at=1))]
+    assert _plain(cursor.floors(["default"])) == [_sent(_job(3, at=1))]
 
 
 def test_a_queue_with_no_floor_is_claimed_from_its_head():
@@ -161,17 +168,67 @@ def test_a_queue_with_no_floor_is_claimed_from_its_head():
     cursor = ClaimCursor(HeadPacing(0.05, clock))
     cursor.floors(["default", "emails"])
     cursor.claimed([_job(1, priority=3)], seconds=1.0)
-    assert cursor.floors(["default", "emails"]) == [_sent(_job(1, priority=3)), None]
+    assert _plain(cursor.floors(["default", "emails"])) == [_sent(_job(1, priority=3)), None]
     assert cursor.floors(["emails"]) is None  # no floor at all: a claim from the head
 
 
-def test_jobs_of_partitions_and_keys_set_no_floor():
+def test_partitions_and_keys_have_floors_of_their_own():
     clock = Clock()
     cursor = ClaimCursor(HeadPacing(0.05, clock))
     cursor.floors(["default"])
-    jobs = [_job(4, at=4, partition_key="p"), _job(5, at=5, concurrency_key="k"), _job(2, at=2)]
+    jobs = [
+        _job(4, at=4, partition_key="p"),
+        _job(6, at=6, partition_key="q"),
+        # Key k's row sorted where its first job taken did (5); key m's at 3.
+        _job(5, at=5, concurrency_key="k"),
+        _job(8, at=8, concurrency_key="k"),
+        _job(3, at=3, concurrency_key="m"),
+        _job(2, at=2),
+    ]
     cursor.claimed(jobs, seconds=1.0)
-    assert cursor.floors(["default"]) == [_sent(_job(2, at=2))]
+    floors = cursor.floors(["default"])
+    assert floors is not None
+    assert floors.plain == [_sent(_job(2, at=2))]
+    assert floors.partitions == [_sent(_job(6, at=6))]
+    # Not past job 8: key k's next job sorts after it, but another key's may sort
+    # between 5 and 8, and was in this claim's reach only if it was taken.
+    assert floors.keys == [_sent(_job(5, at=5))]
+
+
+def test_a_short_claim_drops_the_partition_and_key_floors_and_keeps_the_plain_one():
+    clock = Clock()
+    cursor = ClaimCursor(HeadPacing(0.05, clock))
+    cursor.floors(["default"])
+    cursor.claimed(
+        [_job(4, at=4, partition_key="p"), _job(5, at=5, concurrency_key="k"), _job(2, at=2)],
+        seconds=1.0,
+    )
+    floors = cursor.floors(["default"])
+    assert floors is not None
+    # From floors, short: a partition whose backlog is older than its floor (its last
+    # job ran long) was not in reach, so partitions and keys are read from the head.
+    cursor.claimed([_job(7, at=7, partition_key="p"), _job(9, at=9)], seconds=0.001, short=True)
+    floors = cursor.floors(["default"])
+    assert floors is not None
+    assert floors.plain == [_sent(_job(9, at=9))]
+    assert floors.partitions == [None]
+    assert floors.keys == [None]
+    # A full claim sets them again.
+    cursor.claimed([_job(12, at=12, partition_key="p")], seconds=0.001)
+    floors = cursor.floors(["default"])
+    assert floors is not None
+    assert floors.partitions == [_sent(_job(12, at=12))]
+
+
+def test_a_queue_with_only_a_partition_floor_is_claimed_from_floors():
+    clock = Clock()
+    cursor = ClaimCursor(HeadPacing(0.05, clock))
+    cursor.floors(["default"])
+    cursor.claimed([_job(4, at=4, partition_key="p")], seconds=1.0)
+    floors = cursor.floors(["default"])
+    assert floors == ClaimFloors(plain=[None], partitions=[_sent(_job(4, at=4))], keys=[None])
+    cursor.forget()
+    assert cursor.floors(["default"]) is None
 
 
 def test_a_lost_connection_forgets_the_floors():
@@ -184,7 +241,7 @@ def test_a_lost_connection_forgets_the_floors():
     cursor.forget()
     assert cursor.floors(["default"]) is None
     cursor.claimed([_job(3, at=3)], seconds=1.0)
-    assert cursor.floors(["default"]) == [_sent(_job(3, at=3))]
+    assert _plain(cursor.floors(["default"])) == [_sent(_job(3, at=3))]
 
 
 def test_floors_can_be_turned_off():
@@ -339,6 +396,7 @@ def test_under_a_held_snapshot_a_floor_claim_does_not_walk_the_jobs_claimed_befo
         "floor_priorities": [None],
         "floor_available_ats": [None],
         "floor_ids": [None],
+        **no_flow_floors(1),
     }
     from_head = _entries_read(conn, params)
     floor = ClaimFloor.after(last)

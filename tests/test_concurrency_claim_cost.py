@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from django_pgqueue.store.sql import QUERIES
+from tests.claim_params import no_flow_floors
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,6 +58,7 @@ CLAIM = {
     "floor_priorities": [None],
     "floor_available_ats": [None],
     "floor_ids": [None],
+    **no_flow_floors(1),
     "total_limit": 20,
     "worker_id": "probe",
     "lease_seconds": 30.0,

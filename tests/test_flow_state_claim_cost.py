@@ -23,6 +23,7 @@ import pytest
 from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
+from tests.claim_params import no_flow_floors
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.one_server]
 
@@ -84,6 +85,7 @@ def _claim_params(limit: int) -> dict[str, Any]:
         "floor_priorities": [None],
         "floor_available_ats": [None],
         "floor_ids": [None],
+        **no_flow_floors(1),
         "total_limit": limit,
         "worker_id": "probe",
         "lease_seconds": 30.0,

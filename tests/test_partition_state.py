@@ -13,6 +13,7 @@ from django_pgqueue.store.runners import DjangoRunner
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import PartitionRepair
+from tests.claim_params import no_flow_floors
 from tests.test_migrations import _manage, scratch_database  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -146,6 +147,7 @@ def test_migration_0004_makes_existing_partitioned_jobs_claimable(scratch_databa
                 "floor_priorities": [None],
                 "floor_available_ats": [None],
                 "floor_ids": [None],
+                **no_flow_floors(1),
                 "total_limit": 10,
                 "worker_id": "w",
                 "lease_seconds": 30.0,

@@ -112,7 +112,15 @@ def test_the_plain_statement_alone_never_starts_a_partitioned_or_limited_job(sto
     ]
     store.fold_signals()
     jobs, _signalled, _folded, flow_open = store._claim_batch(
-        "w", ["default"], [50], masks=[None], floors=[None], total=50, lease_seconds=30, plain=True
+        "w",
+        ["default"],
+        [50],
+        masks=[None],
+        floors=[None],
+        flow_floors=([None], [None]),
+        total=50,
+        lease_seconds=30,
+        plain=True,
     )
     assert jobs == []
     assert flow_open is False  # the plain statement knows nothing of them

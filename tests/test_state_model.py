@@ -138,6 +138,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.checked: Counter[str] = Counter()
         #: Each worker's last plain job taken per queue: the floor it would claim from.
         self.floors: dict[tuple[str, str], ClaimFloor] = {}
+        #: ... and its last partitioned or key-limited job: its partition and key floors.
+        self.flow_floors: dict[tuple[str, str, str], ClaimFloor] = {}
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -216,11 +218,16 @@ class QueueMachine(RuleBasedStateMachine):
             model.generations.append(job.lease_generation)
             if model.key == RATED:
                 self.model.rate_starts.append(self.now)
+            floor = ClaimFloor.after(job)
             if job.partition_key is None and job.concurrency_key is None:
-                floor = ClaimFloor.after(job)
                 known = self.floors.get((worker, job.queue))
                 if known is None or floor.sort_key() > known.sort_key():
                     self.floors[(worker, job.queue)] = floor
+            else:
+                kind = "partition" if job.partition_key is not None else "key"
+                known = self.flow_floors.get((kind, worker, job.queue))
+                if known is None or floor.sort_key() > known.sort_key():
+                    self.flow_floors[(kind, worker, job.queue)] = floor
 
     def check_claim(
         self, claimed: list[Any], queues: tuple[str, ...], per_queue: int, *, exact: bool
@@ -433,10 +440,16 @@ class QueueMachine(RuleBasedStateMachine):
     def floor_round(self, worker: str, per_queue: int, plain: bool) -> Any:
         """A worker's round from its claim floors (worker/cursor.py): its plain jobs are
         the best claimable ones after the floor, and never one before it; jobs before it
-        stay for a claim from the head (every other rule, and the drain, claim so)."""
+        stay for a claim from the head (every other rule, and the drain, claim so).
+        Partitions and keys are claimed from floors of their own, at the same time: what
+        they take sorts after them, and keeps every turn and limit."""
         rows = self.db_rows()
         available = {job_id: row["available_at"] for job_id, row in rows.items()}
         floors = [self.floors.get((worker, queue)) for queue in QUEUES]
+        flow_floors = {
+            kind: [self.flow_floors.get((kind, worker, queue)) for queue in QUEUES]
+            for kind in ("partition", "key")
+        }
         claimed = self.store.claim_round(
             worker,
             list(QUEUES),
@@ -444,8 +457,20 @@ class QueueMachine(RuleBasedStateMachine):
             lease_seconds=LEASE_SECONDS,
             plain=plain,
             floors=floors,
+            partition_floors=flow_floors["partition"],
+            key_floors=flow_floors["key"],
         ).jobs
         self.check_claim(claimed, QUEUES, per_queue, exact=False)
+        for job in claimed:
+            if job.partition_key is None and job.concurrency_key is None:
+                continue
+            kind = "partition" if job.partition_key is not None else "key"
+            floor = flow_floors[kind][QUEUES.index(job.queue)]
+            assert floor is None or ClaimFloor.after(job).sort_key() > floor.sort_key(), (
+                f"{kind} job {job.id} claimed before its floor {floor}"
+            )
+            if floor is not None:
+                self.checked["partitions and keys from floors sorted after them"] += 1
         for queue, floor in zip(QUEUES, floors, strict=True):
             after = [
                 job
@@ -1002,5 +1027,6 @@ def test_every_feature_and_operator_action_together_matches_the_model(store, mak
         "enqueued from SQL",
         "floor rounds took the best jobs after their floors",
         "batch mates from a floor were the best after it",
+        "partitions and keys from floors sorted after them",
     ):
         assert checked[what], f"never exercised: {what}"

@@ -24,13 +24,23 @@ floor's job was made ready and committed after, or a dependent released by its l
 blocker) waits for the next claim from the head.
 Nothing is skipped for good, and while claims from the head stay fast (no long
 snapshot) there are no floors at all.
+
+Partitions and concurrency keys have floors of their own, in the claim order of their
+next job (``pgq_partition_claim``, ``pgq_concurrency_claim``): each claim leaves an entry
+there where its partition's or key's next job sorted. But a partition's next job
+sorts before the floor whenever its backlog is older than the floor (its last job ran
+long, or its jobs came in a burst), and a claim from floors does not see it. So these
+floors are kept only while claims come back full, when the worker had no room for
+what they left behind; a claim that comes back short drops them, and the next one
+reads partitions and keys from the head, as it would without floors.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django_pgqueue.conf import conf
@@ -41,6 +51,7 @@ __all__ = [
     "FLOOR_SPAN",
     "SHORT_SPAN",
     "ClaimCursor",
+    "ClaimFloors",
     "HeadPacing",
     "ReapFloor",
 ]
@@ -129,12 +140,23 @@ class ReapFloor:
         self._since = database_now if count < limit else None
 
 
+@dataclass(frozen=True, slots=True)
+class ClaimFloors:
+    """Where one claim starts, one floor (or None: the head) per queue and kind."""
+
+    plain: list[ClaimFloor | None]
+    partitions: list[ClaimFloor | None]
+    keys: list[ClaimFloor | None]
+
+
 class ClaimCursor:
-    """One worker's claim floors, one per queue, and when to claim from the head."""
+    """One worker's claim floors, per queue and kind, and when to claim from the head."""
 
     def __init__(self, pacing: HeadPacing | None = None) -> None:
         self._pacing = pacing or HeadPacing()
         self._floors: dict[str, ClaimFloor] = {}
+        self._partition_floors: dict[str, ClaimFloor] = {}
+        self._key_floors: dict[str, ClaimFloor] = {}
         self._from_floors = False
 
     def forget(self) -> None:
@@ -145,6 +167,8 @@ class ClaimCursor:
         """
         self._pacing = HeadPacing(self._pacing.slow_after, self._pacing.clock)
         self._floors.clear()
+        self._partition_floors.clear()
+        self._key_floors.clear()
         self._from_floors = False
 
     @property
@@ -157,16 +181,23 @@ class ClaimCursor:
         """Return whether the next claim would start from floors."""
         return not self._pacing.due()
 
-    def floors(self, queues: Sequence[str]) -> list[ClaimFloor | None] | None:
+    def floors(self, queues: Sequence[str]) -> ClaimFloors | None:
         """Return the floors for a claim of ``queues`` (None: claim from the head).
 
         Each is sent :data:`FLOOR_LOOKBACK` before its job, for the jobs of producer
         transactions that committed late.
         """
-        self._from_floors = self.active and any(queue in self._floors for queue in queues)
+        self._from_floors = self.active and any(
+            queue in self._floors or queue in self._partition_floors or queue in self._key_floors
+            for queue in queues
+        )
         if not self._from_floors:
             return None
-        return [_sent(self._floors.get(queue)) for queue in queues]
+        return ClaimFloors(
+            plain=[_sent(self._floors.get(queue)) for queue in queues],
+            partitions=[_sent(self._partition_floors.get(queue)) for queue in queues],
+            keys=[_sent(self._key_floors.get(queue)) for queue in queues],
+        )
 
     def mates_floor(self, queue: str) -> ClaimFloor | None:
         """Return where a batch's scan for more jobs of ``queue`` starts (None: the head).
@@ -182,24 +213,54 @@ class ClaimCursor:
         it came back ``short`` (fewer jobs than the worker had room for).
 
         Each queue's floor moves to its last plain job taken: from the head, wherever
-        that is; from floors, only on.
+        that is; from floors, only on. Its partition floor moves to the last partition
+        taken, and its key floor to the last key taken from (where the key's first job
+        taken sorted); a short claim drops both kinds instead.
         """
         if not self._from_floors:
             self._pacing.ran(seconds)
         elif short:
             self._pacing.came_back_short()
-        last: dict[str, ClaimFloor] = {}
+        plain = [job for job in jobs if job.partition_key is None and job.concurrency_key is None]
+        self._move(self._floors, _last_per_queue(plain))
+        if short:
+            self._partition_floors.clear()
+            self._key_floors.clear()
+            return
+        heads = [job for job in jobs if job.partition_key is not None]
+        self._move(self._partition_floors, _last_per_queue(heads))
+        firsts: dict[tuple[str, str], ClaimFloor] = {}
         for job in jobs:
-            if job.partition_key is not None or job.concurrency_key is not None:
-                continue  # not from pgq_job_claim
-            floor = ClaimFloor.after(job)
-            best = last.get(job.queue)
+            if job.concurrency_key is not None:
+                floor = ClaimFloor.after(job)
+                known = firsts.get((job.queue, job.concurrency_key))
+                if known is None or floor.sort_key() < known.sort_key():
+                    firsts[(job.queue, job.concurrency_key)] = floor
+        last_keys: dict[str, ClaimFloor] = {}
+        for (queue, _), floor in firsts.items():
+            best = last_keys.get(queue)
             if best is None or floor.sort_key() > best.sort_key():
-                last[job.queue] = floor
+                last_keys[queue] = floor
+        self._move(self._key_floors, last_keys)
+
+    def _move(self, floors: dict[str, ClaimFloor], last: dict[str, ClaimFloor]) -> None:
+        """Move ``floors`` to ``last``: from the head, wherever that is; from floors,
+        only on."""
         for queue, floor in last.items():
-            current = self._floors.get(queue)
+            current = floors.get(queue)
             if not self._from_floors or current is None or floor.sort_key() > current.sort_key():
-                self._floors[queue] = floor
+                floors[queue] = floor
+
+
+def _last_per_queue(jobs: Iterable[ClaimedJob]) -> dict[str, ClaimFloor]:
+    """Return the floor just past the last of ``jobs`` of each queue, in claim order."""
+    last: dict[str, ClaimFloor] = {}
+    for job in jobs:
+        floor = ClaimFloor.after(job)
+        best = last.get(job.queue)
+        if best is None or floor.sort_key() > best.sort_key():
+            last[job.queue] = floor
+    return last
 
 
 def _sent(floor: ClaimFloor | None) -> ClaimFloor | None:

@@ -312,7 +312,9 @@ class Worker(GracefulShutdown):
                 bucket_masks=masks,
                 total_limit=limit,
                 plain=not flow,
-                floors=floors,
+                floors=floors.plain if floors else None,
+                partition_floors=floors.partitions if floors else None,
+                key_floors=floors.keys if floors else None,
             )
         )
         if round_.flow_open or round_.more_signals:

@@ -7,7 +7,7 @@ phase. Prints one line per window: completed/s, the job table's dead tuples, the
 index's size, and the statements running longer than 100 ms.
 
 usage: snapshot_hold.py ADMIN_DSN DBNAME --base S --hold S --after S [--workers 2]
-       [--conc 10] [--backlog 20000] [--window 10] [--partitions N] [--code PATH]
+       [--conc 10] [--backlog 20000] [--window 10] [--partitions N | --keys N] [--code PATH]
 (the database DBNAME is dropped and created again)
 """
 
@@ -40,6 +40,8 @@ args.add_argument("--window", type=float, default=10)
 # Jobs spread over this many partition keys (0: plain jobs): the claim then reads
 # pgq_partition_claim, whose dead entries a held snapshot keeps too.
 args.add_argument("--partitions", type=int, default=0)
+# ... or over this many concurrency keys (limit 2 each): pgq_concurrency_claim.
+args.add_argument("--keys", type=int, default=0)
 args.add_argument("--code", default=str(Path(__file__).resolve().parents[2]))
 opts = args.parse_args()
 
@@ -102,6 +104,16 @@ def producer() -> None:
                 if opts.partitions:
                     specs = [
                         JobSpec(NOOP_PATH, partition_key=f"p{(enqueued + n) % opts.partitions}")
+                        for n in range(1000)
+                    ]
+                    newest = max(job.pk for job in Job.objects.enqueue_many(specs))
+                elif opts.keys:
+                    specs = [
+                        JobSpec(
+                            NOOP_PATH,
+                            concurrency_key=f"k{(enqueued + n) % opts.keys}",
+                            concurrency_limit=2,
+                        )
                         for n in range(1000)
                     ]
                     newest = max(job.pk for job in Job.objects.enqueue_many(specs))
@@ -183,12 +195,17 @@ try:
                 ).fetchall()
                 for seconds_, waiting, text in slow:
                     print(f"      slow {seconds_}s {waiting} {text}", flush=True)
-                if opts.partitions:
+                if opts.partitions or opts.keys:
+                    table_name = (
+                        "django_pgqueue_partition"
+                        if opts.partitions
+                        else "django_pgqueue_concurrency"
+                    )
                     (part_dead,) = stats.execute(
-                        "SELECT n_dead_tup FROM pg_stat_user_tables"
-                        " WHERE relname = 'django_pgqueue_partition'"
+                        "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s",
+                        [table_name],
                     ).fetchone()
-                    print(f"      partition rows dead={part_dead}", flush=True)
+                    print(f"      {table_name} rows dead={part_dead}", flush=True)
                 print(
                     f"{phase:5s} t={now:9.1f} completed/s={rate:8.0f} dead={dead:9d} "
                     f"live={live:8d} table={table / 2**20:7.1f}MB "

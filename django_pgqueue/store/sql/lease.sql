@@ -33,7 +33,8 @@
 -- is a worker's answer to a long-held snapshot (worker/cursor.py): a job that sorts
 -- before it waits for the worker's next claim from the head.
 -- A partitioned job is claimed only as the next job of an idle partition
--- (pgq_partition_claim: partitions whose next job can start now): the partition row is
+-- (pgq_partition_claim: partitions whose next job can start now, from the head or from
+-- the worker's partition floor, part_floor_*, as for plain jobs): the partition row is
 -- locked with SKIP LOCKED and marked running in this statement, so two jobs of one
 -- partition can never be leased at once, and a deep, running, blocked or scheduled
 -- partition costs the claim nothing. The job itself is re-checked against the job table
@@ -42,8 +43,9 @@
 -- bucket_masks holds, per queue, 1024 characters '0'/'1' marking the owned buckets
 -- (NULL: all buckets).
 -- A job under a concurrency limit is claimed only through its key's row
--- (pgq_concurrency_claim: keys under their limit whose next job can start now): the key
--- row is locked with SKIP LOCKED, at most (limit - in flight) of its ready jobs are
+-- (pgq_concurrency_claim: keys under their limit whose next job can start now; from the
+-- head or from the worker's key floor, key_floor_*): the key row is locked with SKIP
+-- LOCKED, at most (limit - in flight) of its ready jobs are
 -- taken, and in_flight is counted up in this statement. Keys at their limit, out of
 -- rate tokens or waiting for a scheduled job are not in that index (wake_at), so they
 -- cost the claim nothing, and their jobs hold no lease meanwhile. A key with a rate limit
@@ -65,9 +67,15 @@ WITH wanted AS (
     FROM unnest(
         %(queues)s::text[], %(bucket_masks)s::text[], %(queue_limits)s::integer[],
         %(floor_priorities)s::integer[], %(floor_available_ats)s::timestamptz[],
-        %(floor_ids)s::bigint[]
+        %(floor_ids)s::bigint[],
+        %(part_floor_priorities)s::integer[], %(part_floor_available_ats)s::timestamptz[],
+        %(part_floor_ids)s::bigint[],
+        %(key_floor_priorities)s::integer[], %(key_floor_available_ats)s::timestamptz[],
+        %(key_floor_ids)s::bigint[]
     ) WITH ORDINALITY AS wanted (
-        queue, bucket_mask, queue_limit, floor_priority, floor_available_at, floor_id, turn
+        queue, bucket_mask, queue_limit, floor_priority, floor_available_at, floor_id,
+        part_floor_priority, part_floor_available_at, part_floor_id,
+        key_floor_priority, key_floor_available_at, key_floor_id, turn
     )
     -- Pause: a paused queue is not served. Read here, in the claim itself, so a pause
     -- committed before this statement began holds for every worker (one probe per
@@ -146,12 +154,19 @@ unpartitioned AS (
 ),
 -- begin flow
 idle_partitions AS (
+    -- pgq_partition_claim, from the head of the queue's idle partitions, or from the
+    -- worker's partition floor (part_floor_*: where the last partition it claimed
+    -- there sorted, NULL: the head). Each claim leaves an entry where its partition's
+    -- head sorted, which a long-held snapshot keeps from being removed; a floor skips
+    -- them, in two range scans as for plain jobs. A partition whose head sorts before
+    -- the floor waits for the worker's next claim from the head.
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT part.partition_key, part.head_id
         FROM django_pgqueue_partition AS part
-        WHERE part.running_id IS NULL
+        WHERE wanted.part_floor_id IS NULL
+          AND part.running_id IS NULL
           AND part.head_id IS NOT NULL
           AND NOT part.head_blocked
           AND part.wake_at IS NULL
@@ -161,6 +176,52 @@ idle_partitions AS (
               wanted.bucket_mask IS NULL
               OR substr(wanted.bucket_mask, part.partition_bucket + 1, 1) = '1'
           )
+        ORDER BY part.head_priority DESC, part.head_available_at, part.head_id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF part SKIP LOCKED
+    ) AS part
+    UNION ALL
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT part.partition_key, part.head_id
+        FROM django_pgqueue_partition AS part
+        WHERE wanted.part_floor_id IS NOT NULL
+          AND part.running_id IS NULL
+          AND part.head_id IS NOT NULL
+          AND NOT part.head_blocked
+          AND part.wake_at IS NULL
+          AND part.queue = wanted.queue
+          AND part.head_available_at <= now()
+          AND (
+              wanted.bucket_mask IS NULL
+              OR substr(wanted.bucket_mask, part.partition_bucket + 1, 1) = '1'
+          )
+          AND part.head_priority = wanted.part_floor_priority
+          AND (part.head_available_at, part.head_id)
+              > (wanted.part_floor_available_at, wanted.part_floor_id)
+        ORDER BY part.head_available_at, part.head_id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF part SKIP LOCKED
+    ) AS part
+    UNION ALL
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT part.partition_key, part.head_id
+        FROM django_pgqueue_partition AS part
+        WHERE wanted.part_floor_id IS NOT NULL
+          AND part.running_id IS NULL
+          AND part.head_id IS NOT NULL
+          AND NOT part.head_blocked
+          AND part.wake_at IS NULL
+          AND part.queue = wanted.queue
+          AND part.head_available_at <= now()
+          AND (
+              wanted.bucket_mask IS NULL
+              OR substr(wanted.bucket_mask, part.partition_bucket + 1, 1) = '1'
+          )
+          AND part.head_priority < wanted.part_floor_priority
         ORDER BY part.head_priority DESC, part.head_available_at, part.head_id
         LIMIT wanted.queue_limit
         FOR UPDATE OF part SKIP LOCKED
@@ -201,14 +262,12 @@ partition_heads AS (
       ) IS NULL
     FOR UPDATE OF job SKIP LOCKED
 ),
-open_keys AS (
-    -- pgq_concurrency_claim. Locked, the row is the newest version (rechecked against
+key_rows AS (
+    -- pgq_concurrency_claim, from the head or from the worker's key floor (key_floor_*),
+    -- as idle_partitions. Locked, the row is the newest version (rechecked against
     -- in_flight < max_in_flight), so two claims never both fill a key's free slots.
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
-        LEAST(
-            conc.max_in_flight - conc.in_flight,
-            COALESCE(floor(conc.tokens)::integer, conc.max_in_flight)
-        ) AS free
+        conc.max_in_flight, conc.in_flight, conc.tokens
     FROM wanted
     CROSS JOIN LATERAL (
         SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
@@ -219,7 +278,8 @@ open_keys AS (
                     * conc.rate_limit / conc.rate_period
             ) AS tokens
         FROM django_pgqueue_concurrency AS conc
-        WHERE conc.head_id IS NOT NULL
+        WHERE wanted.key_floor_id IS NULL
+          AND conc.head_id IS NOT NULL
           AND conc.in_flight < conc.max_in_flight
           AND conc.wake_at IS NULL
           AND conc.queue = wanted.queue
@@ -233,6 +293,74 @@ open_keys AS (
         LIMIT wanted.queue_limit
         FOR UPDATE OF conc SKIP LOCKED
     ) AS conc
+    UNION ALL
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
+        conc.max_in_flight, conc.in_flight, conc.tokens
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
+            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+            LEAST(
+                conc.rate_limit::double precision,
+                conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                    * conc.rate_limit / conc.rate_period
+            ) AS tokens
+        FROM django_pgqueue_concurrency AS conc
+        WHERE wanted.key_floor_id IS NOT NULL
+          AND conc.head_id IS NOT NULL
+          AND conc.in_flight < conc.max_in_flight
+          AND conc.wake_at IS NULL
+          AND conc.queue = wanted.queue
+          AND conc.head_available_at <= now()
+          AND (
+              conc.rate_limit IS NULL
+              OR conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                  * conc.rate_limit / conc.rate_period >= 1
+          )
+          AND conc.head_priority = wanted.key_floor_priority
+          AND (conc.head_available_at, conc.head_id)
+              > (wanted.key_floor_available_at, wanted.key_floor_id)
+        ORDER BY conc.head_available_at, conc.head_id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF conc SKIP LOCKED
+    ) AS conc
+    UNION ALL
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
+        conc.max_in_flight, conc.in_flight, conc.tokens
+    FROM wanted
+    CROSS JOIN LATERAL (
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
+            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+            LEAST(
+                conc.rate_limit::double precision,
+                conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                    * conc.rate_limit / conc.rate_period
+            ) AS tokens
+        FROM django_pgqueue_concurrency AS conc
+        WHERE wanted.key_floor_id IS NOT NULL
+          AND conc.head_id IS NOT NULL
+          AND conc.in_flight < conc.max_in_flight
+          AND conc.wake_at IS NULL
+          AND conc.queue = wanted.queue
+          AND conc.head_available_at <= now()
+          AND (
+              conc.rate_limit IS NULL
+              OR conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
+                  * conc.rate_limit / conc.rate_period >= 1
+          )
+          AND conc.head_priority < wanted.key_floor_priority
+        ORDER BY conc.head_priority DESC, conc.head_available_at, conc.head_id
+        LIMIT wanted.queue_limit
+        FOR UPDATE OF conc SKIP LOCKED
+    ) AS conc
+),
+open_keys AS (
+    SELECT key_rows.queue, key_rows.queue_limit, key_rows.turn, key_rows.concurrency_key,
+        LEAST(
+            key_rows.max_in_flight - key_rows.in_flight,
+            COALESCE(floor(key_rows.tokens)::integer, key_rows.max_in_flight)
+        ) AS free
+    FROM key_rows
 ),
 key_jobs AS (
     -- pgq_job_conc_pending: the key's ready jobs in claim order, as many as it has free
@@ -338,7 +466,7 @@ next_jobs AS (
     ) AS soonest ON true
 ),
 counted AS (
-    -- The key rows were locked by open_keys above.
+    -- The key rows were locked by key_rows above.
     UPDATE django_pgqueue_concurrency AS conc
     SET in_flight = conc.in_flight + next_jobs.claimed,
         -- Spend one token per start. The clock never moves back (a claim that began

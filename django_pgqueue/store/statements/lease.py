@@ -80,6 +80,8 @@ class LeaseStatements(StoreBase):
         total_limit: int | None = None,
         plain: bool = False,
         floors: Sequence[ClaimFloor | None] | None = None,
+        partition_floors: Sequence[ClaimFloor | None] | None = None,
+        key_floors: Sequence[ClaimFloor | None] | None = None,
     ) -> ClaimRound:
         """Claim like :meth:`claim`; say what else the round found on the way.
 
@@ -94,7 +96,9 @@ class LeaseStatements(StoreBase):
 
         ``floors`` (one per queue, None for the head) starts each queue's plain jobs
         after a :class:`~django_pgqueue.store.values.ClaimFloor`: jobs that sort before
-        it are not claimed in this round.
+        it are not claimed in this round. ``partition_floors`` and ``key_floors`` do
+        the same for the idle partitions and open keys (in the order of their next
+        job): one that sorts before its floor waits for a round from the head.
 
         A plain round sends ``claim_batch_plain`` alone: the claim without partitions
         and concurrency keys, which reads no flow-control state at all. What a worker
@@ -110,17 +114,18 @@ class LeaseStatements(StoreBase):
             list(bucket_masks) if bucket_masks is not None else [None] * len(queues)
         )
         total = sum(limits) if total_limit is None else total_limit
-        starts: list[ClaimFloor | None] = (
-            list(floors) if floors is not None else [None] * len(queues)
+        starts = _per_queue("floors", floors, queues)
+        flow_starts = (
+            _per_queue("partition_floors", partition_floors, queues),
+            _per_queue("key_floors", key_floors, queues),
         )
-        if len(starts) != len(queues):
-            raise ValueError("floors needs one floor (or None) per queue")
         claimed, signalled, folded, flow_open = self._claim_batch(
             worker_id,
             queues,
             limits,
             masks=masks,
             floors=starts,
+            flow_floors=flow_starts,
             total=total,
             lease_seconds=lease_seconds,
             fold_first=not plain,
@@ -143,6 +148,7 @@ class LeaseStatements(StoreBase):
                 remaining,
                 masks=masks,
                 floors=starts,
+                flow_floors=flow_starts,
                 total=total - len(claimed),
                 lease_seconds=lease_seconds,
             )
@@ -160,6 +166,7 @@ class LeaseStatements(StoreBase):
         *,
         masks: Sequence[str | None],
         floors: Sequence[ClaimFloor | None],
+        flow_floors: tuple[Sequence[ClaimFloor | None], Sequence[ClaimFloor | None]],
         total: int,
         lease_seconds: float,
         fold_first: bool = False,
@@ -171,9 +178,9 @@ class LeaseStatements(StoreBase):
                 "queues": list(queues),
                 "bucket_masks": masks,
                 "queue_limits": limits,
-                "floor_priorities": [f.priority if f else None for f in floors],
-                "floor_available_ats": [f.available_at if f else None for f in floors],
-                "floor_ids": [f.id if f else None for f in floors],
+                **floor_params("", floors),
+                **floor_params("part_", flow_floors[0]),
+                **floor_params("key_", flow_floors[1]),
                 "total_limit": total,
                 "worker_id": worker_id,
                 "lease_seconds": lease_seconds,
@@ -454,6 +461,25 @@ class LeaseStatements(StoreBase):
                 raise InvalidOption("step", f"must be a string or None, not {step!r}")
             check_text("step", step)
         self._run_fenced("set_step_if_leased", lease, step=step)
+
+
+def _per_queue(
+    name: str, floors: Sequence[ClaimFloor | None] | None, queues: Sequence[str]
+) -> list[ClaimFloor | None]:
+    """Return one floor (or None) per queue, checked against ``queues``."""
+    starts: list[ClaimFloor | None] = list(floors) if floors is not None else [None] * len(queues)
+    if len(starts) != len(queues):
+        raise ValueError(f"{name} needs one floor (or None) per queue")
+    return starts
+
+
+def floor_params(prefix: str, floors: Sequence[ClaimFloor | None]) -> dict[str, list[Any]]:
+    """Return claim_batch's three arrays for one kind of floor."""
+    return {
+        f"{prefix}floor_priorities": [f.priority if f else None for f in floors],
+        f"{prefix}floor_available_ats": [f.available_at if f else None for f in floors],
+        f"{prefix}floor_ids": [f.id if f else None for f in floors],
+    }
 
 
 def _claimed_job(row: Sequence[Any], worker_id: str) -> ClaimedJob:
