@@ -35,6 +35,25 @@ def _status_counts(conn: psycopg.Connection[Any]) -> dict[str, int]:
     )
 
 
+def _stuck_jobs(url: str) -> str:
+    """The status counts, and the unfinished jobs with their lease and the database clock."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT id, status, attempts, claimed_by, lease_generation, lease_expires_at,"
+            " available_at, now() FROM django_pgqueue_job ORDER BY id LIMIT 20"
+        ).fetchall()
+        workers = (
+            conn.execute("SELECT * FROM django_pgqueue_worker ORDER BY 1").fetchall()
+            if _has_table(conn, "django_pgqueue_worker")
+            else []
+        )
+        return f"counts {_status_counts(conn)}; unfinished {rows}; workers {workers}"
+
+
+def _has_table(conn: psycopg.Connection[Any], name: str) -> bool:
+    return conn.execute("SELECT to_regclass(%s) IS NOT NULL", [name]).fetchone()[0]
+
+
 def test_terminated_backends_are_reconnected_and_nothing_is_lost(workers, store, observer):
     store.enqueue_many(
         [JobSpec("tests.tasks.ledger_sleep", kwargs={"seconds": 0.01}) for _ in range(100)]
@@ -136,7 +155,15 @@ def test_server_restart_mid_run_loses_nothing_and_strands_nothing(restartable_da
 
         wait_for(lambda: progress() >= 30, timeout=60)
         server.restart(mode)
-        wait_for(lambda: progress() == 300, timeout=120, message=f"all jobs after a {mode} restart")
+        try:
+            wait_for(lambda: progress() == 300, timeout=120)
+        except AssertionError as timed_out:
+            # Intermittent in CI only (not reproduced locally, under load or not): say
+            # where the jobs are stuck and what the worker logged, for the next look.
+            raise AssertionError(
+                f"not all jobs finished 120 s after a {mode} restart: "
+                f"{_stuck_jobs(url)}\n--- worker output ---\n{worker.output()[-20000:]}"
+            ) from timed_out
         with psycopg.connect(url, autocommit=True) as conn:
             assert _status_counts(conn) == {"succeeded": 300}
             # Every job ran to completion; the ones cut off by the restart ran again.
