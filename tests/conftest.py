@@ -129,6 +129,7 @@ SERVER_SIDE = frozenset(
         "test_metrics_indexes.py",
         "test_migration_interrupted.py",
         "test_module_sets.py",
+        "test_newest_version.py",
         "test_outcome_storage.py",
         "test_packaging.py",
         "test_partition_claim_cost.py",

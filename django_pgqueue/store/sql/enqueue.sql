@@ -18,7 +18,16 @@
 -- from the job table, and every slot freed refreshes the row. Those are lazy: each worker's housekeeping thread folds them a few
 -- times a second, for the case where every job ahead was taken before this transaction
 -- committed. A deep backlog on a busy partition or key then costs the claims nothing.
--- One primary-key probe per distinct key.
+-- One primary-key probe per distinct key, newest version first. Every job a partition
+-- or key starts or finishes writes a new version of its row, and until VACUUM removes
+-- the old ones (all along while a long transaction holds a snapshot) a lookup by "="
+-- visits every one of them, oldest first. Equal keys sit in the index in heap order,
+-- and a new version goes to the end of the table once its pages are full: read
+-- backward, as a range ("key >= x AND key <= x ORDER BY key DESC LIMIT 1"; with "=" the
+-- ORDER BY is redundant and the scan runs forward), the lookup meets the version this
+-- statement sees after at most the ones not committed yet. Only one version of a key is
+-- visible, so the probe returns that row's test rather than filtering in the scan (a
+-- filter failing on the visible version would walk on through all the others).
 
 
 -- name: enqueue
@@ -67,19 +76,27 @@ fresh AS (
     -- Whether the new job's partition or key needs its row refreshed by the next claim
     -- (urgent) or only if the row changes before this commits (lazy): see the top.
     SELECT inserted.queue, inserted.available_at <= now() AS ready,
-        inserted.partition_key, NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_partition AS part
-            WHERE part.partition_key = inserted.partition_key
-              AND part.head_id IS NOT NULL
-              AND part.head_id IS DISTINCT FROM part.running_id
-        ) AS partition_urgent,
-        inserted.concurrency_key, NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_concurrency AS conc
-            WHERE conc.concurrency_key = inserted.concurrency_key
-              AND conc.head_id IS NOT NULL
-              AND conc.head_available_at <= now()
-              AND conc.head_priority >= inserted.priority
-        ) AS key_urgent
+        inserted.partition_key, NOT COALESCE((
+            SELECT part.head_id IS NOT NULL
+                AND part.head_id IS DISTINCT FROM part.running_id
+            FROM django_pgqueue_partition AS part
+            WHERE part.partition_key >= inserted.partition_key
+              AND part.partition_key <= inserted.partition_key
+            ORDER BY part.partition_key DESC
+            LIMIT 1
+        ), false) AS partition_urgent,
+        inserted.concurrency_key, NOT COALESCE((
+            SELECT (
+                conc.head_id IS NOT NULL
+                AND conc.head_available_at <= now()
+                AND conc.head_priority >= inserted.priority
+            ) IS TRUE
+            FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key >= inserted.concurrency_key
+              AND conc.concurrency_key <= inserted.concurrency_key
+            ORDER BY conc.concurrency_key DESC
+            LIMIT 1
+        ), false) AS key_urgent
     FROM inserted
     WHERE (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
 ),
@@ -138,19 +155,27 @@ fresh AS (
     -- Whether the new job's partition or key needs its row refreshed by the next claim
     -- (urgent) or only if the row changes before this commits (lazy): see the top.
     SELECT inserted.queue, inserted.available_at <= now() AS ready,
-        inserted.partition_key, NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_partition AS part
-            WHERE part.partition_key = inserted.partition_key
-              AND part.head_id IS NOT NULL
-              AND part.head_id IS DISTINCT FROM part.running_id
-        ) AS partition_urgent,
-        inserted.concurrency_key, NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_concurrency AS conc
-            WHERE conc.concurrency_key = inserted.concurrency_key
-              AND conc.head_id IS NOT NULL
-              AND conc.head_available_at <= now()
-              AND conc.head_priority >= inserted.priority
-        ) AS key_urgent
+        inserted.partition_key, NOT COALESCE((
+            SELECT part.head_id IS NOT NULL
+                AND part.head_id IS DISTINCT FROM part.running_id
+            FROM django_pgqueue_partition AS part
+            WHERE part.partition_key >= inserted.partition_key
+              AND part.partition_key <= inserted.partition_key
+            ORDER BY part.partition_key DESC
+            LIMIT 1
+        ), false) AS partition_urgent,
+        inserted.concurrency_key, NOT COALESCE((
+            SELECT (
+                conc.head_id IS NOT NULL
+                AND conc.head_available_at <= now()
+                AND conc.head_priority >= inserted.priority
+            ) IS TRUE
+            FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key >= inserted.concurrency_key
+              AND conc.concurrency_key <= inserted.concurrency_key
+            ORDER BY conc.concurrency_key DESC
+            LIMIT 1
+        ), false) AS key_urgent
     FROM inserted
     WHERE (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
 ),
@@ -228,12 +253,15 @@ woken AS (
 fresh_partitions AS (
     -- Per partition of the new jobs: urgent or lazy (see the top).
     SELECT grouped.partition_key, grouped.ready,
-        NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_partition AS part
-            WHERE part.partition_key = grouped.partition_key
-              AND part.head_id IS NOT NULL
-              AND part.head_id IS DISTINCT FROM part.running_id
-        ) AS urgent
+        NOT COALESCE((
+            SELECT part.head_id IS NOT NULL
+                AND part.head_id IS DISTINCT FROM part.running_id
+            FROM django_pgqueue_partition AS part
+            WHERE part.partition_key >= grouped.partition_key
+              AND part.partition_key <= grouped.partition_key
+            ORDER BY part.partition_key DESC
+            LIMIT 1
+        ), false) AS urgent
     FROM (
         SELECT inserted.partition_key, bool_or(inserted.available_at <= now()) AS ready
         FROM inserted
@@ -244,13 +272,18 @@ fresh_partitions AS (
 fresh_keys AS (
     -- Per concurrency key of the new jobs: urgent or lazy, by its best new job.
     SELECT grouped.concurrency_key, grouped.ready,
-        NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_concurrency AS conc
-            WHERE conc.concurrency_key = grouped.concurrency_key
-              AND conc.head_id IS NOT NULL
-              AND conc.head_available_at <= now()
-              AND conc.head_priority >= grouped.priority
-        ) AS urgent
+        NOT COALESCE((
+            SELECT (
+                conc.head_id IS NOT NULL
+                AND conc.head_available_at <= now()
+                AND conc.head_priority >= grouped.priority
+            ) IS TRUE
+            FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key >= grouped.concurrency_key
+              AND conc.concurrency_key <= grouped.concurrency_key
+            ORDER BY conc.concurrency_key DESC
+            LIMIT 1
+        ), false) AS urgent
     FROM (
         SELECT inserted.concurrency_key, bool_or(inserted.available_at <= now()) AS ready,
             max(inserted.priority) AS priority
@@ -357,19 +390,27 @@ fresh AS (
     -- A new job only (a pending one whose start a debounce moved is signalled by the
     -- triggers on available_at of migrations 0004 and 0011): urgent or lazy, see the top.
     SELECT upserted.queue, upserted.available_at <= now() AS ready,
-        upserted.partition_key, NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_partition AS part
-            WHERE part.partition_key = upserted.partition_key
-              AND part.head_id IS NOT NULL
-              AND part.head_id IS DISTINCT FROM part.running_id
-        ) AS partition_urgent,
-        upserted.concurrency_key, NOT EXISTS (
-            SELECT 1 FROM django_pgqueue_concurrency AS conc
-            WHERE conc.concurrency_key = upserted.concurrency_key
-              AND conc.head_id IS NOT NULL
-              AND conc.head_available_at <= now()
-              AND conc.head_priority >= upserted.priority
-        ) AS key_urgent
+        upserted.partition_key, NOT COALESCE((
+            SELECT part.head_id IS NOT NULL
+                AND part.head_id IS DISTINCT FROM part.running_id
+            FROM django_pgqueue_partition AS part
+            WHERE part.partition_key >= upserted.partition_key
+              AND part.partition_key <= upserted.partition_key
+            ORDER BY part.partition_key DESC
+            LIMIT 1
+        ), false) AS partition_urgent,
+        upserted.concurrency_key, NOT COALESCE((
+            SELECT (
+                conc.head_id IS NOT NULL
+                AND conc.head_available_at <= now()
+                AND conc.head_priority >= upserted.priority
+            ) IS TRUE
+            FROM django_pgqueue_concurrency AS conc
+            WHERE conc.concurrency_key >= upserted.concurrency_key
+              AND conc.concurrency_key <= upserted.concurrency_key
+            ORDER BY conc.concurrency_key DESC
+            LIMIT 1
+        ), false) AS key_urgent
     FROM upserted
     WHERE (upserted.partition_key IS NOT NULL OR upserted.concurrency_key IS NOT NULL)
       AND upserted.created

@@ -226,8 +226,16 @@ WITH RECURSIVE pending_partitions (partition_key, head_id, seen) AS (
 )
 SELECT pending_partitions.partition_key, 'next_job' AS kind
 FROM pending_partitions
-LEFT JOIN django_pgqueue_partition AS part
-    ON part.partition_key = pending_partitions.partition_key
+-- The row's newest version first, as enqueue.sql's probes read it (see there): a join
+-- by "=" would visit every version VACUUM has not removed yet.
+LEFT JOIN LATERAL (
+    SELECT part.partition_key, part.running_id, part.head_id
+    FROM django_pgqueue_partition AS part
+    WHERE part.partition_key >= pending_partitions.partition_key
+      AND part.partition_key <= pending_partitions.partition_key
+    ORDER BY part.partition_key DESC
+    LIMIT 1
+) AS part ON true
 WHERE part.partition_key IS NULL
    OR (part.running_id IS NULL AND part.head_id IS DISTINCT FROM pending_partitions.head_id)
 UNION ALL
