@@ -10,6 +10,8 @@ The cost is counted in index entries returned (dead ones included), never in sec
 
 from __future__ import annotations
 
+import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,12 +19,17 @@ from typing import Any
 import psycopg
 import pytest
 from django.test import override_settings
+from psycopg import sql
 
 from django_pgqueue.store.notices import flow_channel
+from django_pgqueue.store.pgconn import GENERIC_PLAN_SESSION
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.statements.lease import floor_params
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.tasks.sqlsync import sync_sql_settings
+from tests.claim_params import no_flow_floors
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -254,3 +261,141 @@ def test_a_refresh_waiting_on_an_update_locks_and_writes_its_newest_version(
     ).fetchone()[0]
     assert rows == [(first,)]
     assert first < head.pk
+
+
+def _claim_params() -> dict[str, Any]:
+    return {
+        "queues": ["default"],
+        "bucket_masks": [None],
+        "queue_limits": [10],
+        "total_limit": 10,
+        "worker_id": "w",
+        "lease_seconds": 30.0,
+        **floor_params("", [None]),
+        **no_flow_floors(1),
+    }
+
+
+@pytest.mark.parametrize("kind", [PARTITION, KEY])
+def test_a_claim_whose_lock_took_a_newer_version_still_writes_its_row(store, open_connection, kind):
+    """The claim writes a partition's ``running_id`` (a key's ``in_flight``, tokens and
+    next job) by the ctid its lock returned. When an update committed after the claim
+    began and before its lock, the lock took that newer version, which the claim's
+    snapshot does not see: the write by ctid finds nothing, and the row is written by
+    key instead (``running_late``, ``counted_late``), from the version locked."""
+    name = NAME[kind]
+    jobs = [store.enqueue(_spec(kind)).job for _ in range(2)]
+    store.fold_signals()
+    # The claim, held after its snapshot is taken and before it reads the partition
+    # and key rows: it waits on an advisory lock while it computes "wanted".
+    marker = "    WHERE NOT EXISTS (\n        SELECT 1 FROM django_pgqueue_queue_pause"
+    text = QUERIES["claim_batch"].text
+    assert text.count(marker) == 1
+    held = text.replace(
+        marker,
+        "    WHERE EXISTS (SELECT FROM pg_advisory_xact_lock_shared(4242))\n"
+        "      AND NOT EXISTS (\n        SELECT 1 FROM django_pgqueue_queue_pause",
+    )
+    gate = open_connection()
+    gate.execute("SELECT pg_advisory_lock(4242)")
+    claimer = open_connection(prepare=False)
+    pid = claimer.info.backend_pid
+    rows: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: rows.extend(claimer.execute(held, _claim_params()).fetchall()),
+        daemon=True,
+    )
+    thread.start()
+    observer = open_connection()
+    wait_for(
+        lambda: (
+            observer.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchone()
+            == ("advisory",)
+        ),
+        timeout=30,
+    )
+    # Committed after the claim's snapshot: the row's newest version is one the claim
+    # does not see, and still open, so the claim's lock takes it. A key's says one of
+    # its two slots is taken (by a job of another worker, say): the claim must count
+    # from that version, and take one job, not two.
+    change = "refreshed_at = now()" if kind == PARTITION else "in_flight = 1"
+    observer.execute(f"UPDATE {TABLE[kind]} SET {change} WHERE {COLUMN[kind]} = %s", [name])
+    gate.execute("SELECT pg_advisory_unlock(4242)")
+    thread.join(timeout=60)
+    claimed = [row for row in rows if row[0] is not None]
+    assert [row[0] for row in claimed] == [jobs[0].pk]
+    assert claimed[0][-3] == 1  # flow_started
+    if kind == PARTITION:
+        state = "SELECT running_id, head_id FROM django_pgqueue_partition"
+        expected = (jobs[0].pk, jobs[0].pk)
+    else:
+        state = "SELECT in_flight, head_id FROM django_pgqueue_concurrency"
+        expected = (2, jobs[1].pk)
+    row = observer.execute(f"{state} WHERE {COLUMN[kind]} = %s", [name]).fetchall()
+    assert row == [expected]
+
+
+#: Ten thousand partition rows and as many key rows, every one open with a next job:
+#: statistics under which a write by ctid that lost its TID scan would read a table.
+IDLE_PARTITIONS = """
+INSERT INTO django_pgqueue_partition (
+    partition_key, queue, partition_bucket, head_id, head_priority, head_available_at,
+    refreshed_at
+)
+SELECT 'part-' || g, 'default', g % 1024, g, 0, now(), now()
+FROM generate_series(1, 10000) AS g;
+INSERT INTO django_pgqueue_concurrency (
+    concurrency_key, queue, max_in_flight, in_flight, head_id, head_priority,
+    head_available_at, refreshed_at
+)
+SELECT 'key-' || g, 'default', 2, 0, g, 0, now(), now()
+FROM generate_series(1, 10000) AS g
+"""
+
+
+def _cte_scans(plan: dict[str, Any], cte: str, table: str) -> list[str]:
+    """The scans of ``table`` under the plan's CTE ``cte``."""
+
+    def walk(node: dict[str, Any], inside: bool) -> Iterator[str]:
+        inside = inside or node.get("Subplan Name") == f"CTE {cte}"
+        scan = node["Node Type"] != "ModifyTable"
+        if inside and scan and node.get("Relation Name") == table:
+            yield node["Node Type"]
+        for child in node.get("Plans", []):
+            yield from walk(child, inside)
+
+    return list(walk(plan, False))
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom", "generic"])
+def test_the_claim_writes_partition_and_key_rows_by_ctid(open_connection, generic):
+    conn = open_connection(prepare=False)
+    conn.execute(IDLE_PARTITIONS)
+    conn.execute("ANALYZE django_pgqueue_partition")
+    conn.execute("ANALYZE django_pgqueue_concurrency")
+    text, params = QUERIES["claim_batch"].text, _claim_params()
+    if generic:
+        order: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in order:
+                order.append(match.group(1))
+            return f"${order.index(match.group(1)) + 1}"
+
+        numbered = re.sub(r"%\(([a-z_]+)\)s", number, text)
+        conn.execute(f"PREPARE probe AS {numbered}")
+        conn.execute(GENERIC_PLAN_SESSION)
+        arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
+        query: Any = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
+        (rows,) = conn.execute(query).fetchone()
+    else:
+        (rows,) = conn.execute("EXPLAIN (FORMAT JSON) " + text, params).fetchone()
+    plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+    partitions, keys = TABLE[PARTITION], TABLE[KEY]
+    assert _cte_scans(plan, "running", partitions) == ["Tid Scan"]
+    assert _cte_scans(plan, "counted", keys) == ["Tid Scan"]
+    # The rows a lock took newer than the snapshot: by key, one probe each.
+    assert _cte_scans(plan, "running_late", partitions) == ["Index Scan"]
+    assert _cte_scans(plan, "counted_late", keys) == ["Index Scan"]

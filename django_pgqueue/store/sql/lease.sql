@@ -160,10 +160,11 @@ idle_partitions AS (
     -- head sorted, which a long-held snapshot keeps from being removed; a floor skips
     -- them, in two range scans as for plain jobs. A partition whose head sorts before
     -- the floor waits for the worker's next claim from the head.
-    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id,
+        part.locked_row
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT part.partition_key, part.head_id
+        SELECT part.partition_key, part.head_id, part.ctid AS locked_row
         FROM django_pgqueue_partition AS part
         WHERE wanted.part_floor_id IS NULL
           AND part.running_id IS NULL
@@ -181,10 +182,11 @@ idle_partitions AS (
         FOR UPDATE OF part SKIP LOCKED
     ) AS part
     UNION ALL
-    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id,
+        part.locked_row
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT part.partition_key, part.head_id
+        SELECT part.partition_key, part.head_id, part.ctid AS locked_row
         FROM django_pgqueue_partition AS part
         WHERE wanted.part_floor_id IS NOT NULL
           AND part.running_id IS NULL
@@ -205,10 +207,11 @@ idle_partitions AS (
         FOR UPDATE OF part SKIP LOCKED
     ) AS part
     UNION ALL
-    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id
+    SELECT wanted.queue, wanted.queue_limit, wanted.turn, part.partition_key, part.head_id,
+        part.locked_row
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT part.partition_key, part.head_id
+        SELECT part.partition_key, part.head_id, part.ctid AS locked_row
         FROM django_pgqueue_partition AS part
         WHERE wanted.part_floor_id IS NOT NULL
           AND part.running_id IS NULL
@@ -267,11 +270,13 @@ key_rows AS (
     -- as idle_partitions. Locked, the row is the newest version (rechecked against
     -- in_flight < max_in_flight), so two claims never both fill a key's free slots.
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
-        conc.max_in_flight, conc.in_flight, conc.tokens
+        conc.max_in_flight, conc.in_flight, conc.tokens, conc.tokens_at, conc.rate_limit,
+        conc.rate_period, conc.locked_row
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
-            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight, conc.tokens_at,
+            conc.rate_limit, conc.rate_period, conc.ctid AS locked_row,
+            -- The bucket as of now (NULL: no rate limit), of the version locked.
             LEAST(
                 conc.rate_limit::double precision,
                 conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
@@ -295,11 +300,13 @@ key_rows AS (
     ) AS conc
     UNION ALL
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
-        conc.max_in_flight, conc.in_flight, conc.tokens
+        conc.max_in_flight, conc.in_flight, conc.tokens, conc.tokens_at, conc.rate_limit,
+        conc.rate_period, conc.locked_row
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
-            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight, conc.tokens_at,
+            conc.rate_limit, conc.rate_period, conc.ctid AS locked_row,
+            -- The bucket as of now (NULL: no rate limit), of the version locked.
             LEAST(
                 conc.rate_limit::double precision,
                 conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
@@ -326,11 +333,13 @@ key_rows AS (
     ) AS conc
     UNION ALL
     SELECT wanted.queue, wanted.queue_limit, wanted.turn, conc.concurrency_key,
-        conc.max_in_flight, conc.in_flight, conc.tokens
+        conc.max_in_flight, conc.in_flight, conc.tokens, conc.tokens_at, conc.rate_limit,
+        conc.rate_period, conc.locked_row
     FROM wanted
     CROSS JOIN LATERAL (
-        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight,
-            -- The bucket as of now (NULL: no rate limit); rechecked on the locked row.
+        SELECT conc.concurrency_key, conc.max_in_flight, conc.in_flight, conc.tokens_at,
+            conc.rate_limit, conc.rate_period, conc.ctid AS locked_row,
+            -- The bucket as of now (NULL: no rate limit), of the version locked.
             LEAST(
                 conc.rate_limit::double precision,
                 conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
@@ -465,53 +474,90 @@ next_jobs AS (
         LIMIT 1
     ) AS soonest ON true
 ),
-counted AS (
-    -- The key rows were locked by key_rows above.
-    UPDATE django_pgqueue_concurrency AS conc
-    SET in_flight = conc.in_flight + next_jobs.claimed,
-        -- Spend one token per start. The clock never moves back (a claim that began
-        -- before another's commit must not count that refill twice).
-        tokens = LEAST(
-            conc.rate_limit::double precision,
-            conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
-                * conc.rate_limit / conc.rate_period
-        ) - next_jobs.claimed,
-        tokens_at = GREATEST(conc.tokens_at, now()),
-        head_id = next_jobs.id,
-        head_priority = next_jobs.priority,
-        head_available_at = next_jobs.available_at,
-        -- Out of tokens or next job scheduled: out of the claim index until then. (The
-        -- same bucket as above, as of now: SET expressions see the old row.)
-        wake_at = django_pgqueue_key_wake_at(
-            next_jobs.id, next_jobs.available_at, conc.rate_limit, conc.rate_period,
-            LEAST(
-                conc.rate_limit::double precision,
-                conc.tokens + GREATEST(extract(epoch FROM now() - conc.tokens_at), 0)
-                    * conc.rate_limit / conc.rate_period
-            ) - next_jobs.claimed,
-            GREATEST(conc.tokens_at, now())
-        ),
-        refreshed_at = now()
+key_updates AS (
+    -- Each key's row as this claim leaves it, from the version key_rows locked (the
+    -- lock keeps it as it was read): its bucket as of now less one token per start (the
+    -- clock never moves back: a claim that began before another's commit must not count
+    -- that refill twice), and out of the claim index (wake_at) when out of tokens or its
+    -- next job is scheduled.
+    SELECT key_rows.locked_row, next_jobs.concurrency_key,
+        key_rows.in_flight + next_jobs.claimed AS in_flight,
+        key_rows.tokens - next_jobs.claimed AS tokens,
+        GREATEST(key_rows.tokens_at, now()) AS tokens_at,
+        next_jobs.id AS head_id,
+        next_jobs.priority AS head_priority,
+        next_jobs.available_at AS head_available_at,
+        django_pgqueue_key_wake_at(
+            next_jobs.id, next_jobs.available_at, key_rows.rate_limit, key_rows.rate_period,
+            key_rows.tokens - next_jobs.claimed, GREATEST(key_rows.tokens_at, now())
+        ) AS wake_at
     FROM next_jobs
-    WHERE conc.concurrency_key = next_jobs.concurrency_key
+    JOIN key_rows ON key_rows.concurrency_key = next_jobs.concurrency_key
+),
+counted AS (
+    -- Written by the ctid key_rows locked, as running below (see there).
+    UPDATE django_pgqueue_concurrency AS conc
+    SET in_flight = key_updates.in_flight, tokens = key_updates.tokens,
+        tokens_at = key_updates.tokens_at, head_id = key_updates.head_id,
+        head_priority = key_updates.head_priority,
+        head_available_at = key_updates.head_available_at, wake_at = key_updates.wake_at,
+        refreshed_at = now()
+    FROM key_updates
+    WHERE conc.ctid = key_updates.locked_row
+    RETURNING conc.concurrency_key,
+        conc.head_id IS NOT NULL AND conc.in_flight < conc.max_in_flight
+            AND conc.wake_at IS NULL AS still_open
+),
+counted_late AS (
+    -- A lock that took a version newer than this statement's snapshot: by key (see
+    -- running_late).
+    UPDATE django_pgqueue_concurrency AS conc
+    SET in_flight = key_updates.in_flight, tokens = key_updates.tokens,
+        tokens_at = key_updates.tokens_at, head_id = key_updates.head_id,
+        head_priority = key_updates.head_priority,
+        head_available_at = key_updates.head_available_at, wake_at = key_updates.wake_at,
+        refreshed_at = now()
+    FROM key_updates
+    WHERE conc.concurrency_key = key_updates.concurrency_key
+      AND key_updates.concurrency_key
+          <> ALL (ARRAY(SELECT counted.concurrency_key FROM counted))
     RETURNING conc.concurrency_key,
         conc.head_id IS NOT NULL AND conc.in_flight < conc.max_in_flight
             AND conc.wake_at IS NULL AS still_open
 ),
 running AS (
-    -- The partition rows were locked by idle_partitions above.
+    -- The partition rows were locked by idle_partitions above, which names the version
+    -- it locked: written by that ctid rather than looked up by key again (a lookup by
+    -- key visits every version VACUUM has not removed yet, all of them while a long
+    -- transaction holds a snapshot).
+    UPDATE django_pgqueue_partition AS part
+    SET running_id = claimed.id,
+        refreshed_at = now()
+    FROM claimed
+    JOIN idle_partitions ON idle_partitions.partition_key = claimed.partition_key
+    WHERE part.ctid = idle_partitions.locked_row
+    RETURNING part.partition_key
+),
+running_late AS (
+    -- Unless an update committed after this statement began and before its lock: the
+    -- lock then took the newer version, which this statement's snapshot does not see,
+    -- so the write by ctid above finds nothing. By key, as every row once was: the
+    -- version seen is updated in READ COMMITTED's way, through to the newest (locked
+    -- here). Only those rows are looked up.
     UPDATE django_pgqueue_partition AS part
     SET running_id = claimed.id,
         refreshed_at = now()
     FROM claimed
     WHERE part.partition_key = claimed.partition_key
+      AND claimed.partition_key <> ALL (ARRAY(SELECT running.partition_key FROM running))
     RETURNING part.partition_key
 ),
 -- end flow
 summary AS (
     SELECT
         -- begin flow
-        (SELECT count(*) FROM running) + (SELECT count(*) FROM counted) +
+        (SELECT count(*) FROM running) + (SELECT count(*) FROM running_late)
+            + (SELECT count(*) FROM counted) + (SELECT count(*) FROM counted_late) +
         -- end flow
         0 AS flow_started,
         -- begin flow
@@ -527,8 +573,10 @@ summary AS (
             GROUP BY open_keys.queue, open_keys.queue_limit
             HAVING count(*) >= open_keys.queue_limit
         )
-        OR (SELECT count(*) FROM partition_heads) > (SELECT count(*) FROM running)
+        OR (SELECT count(*) FROM partition_heads)
+            > (SELECT count(*) FROM running) + (SELECT count(*) FROM running_late)
         OR EXISTS (SELECT 1 FROM counted WHERE counted.still_open)
+        OR EXISTS (SELECT 1 FROM counted_late WHERE counted_late.still_open)
         OR
         -- end flow
         false AS flow_open
