@@ -24,6 +24,7 @@ from django.test.utils import CaptureQueriesContext
 from django_pgqueue.store.sql import QUERIES
 from tests.admin_fixtures import login, post_action, url
 from tests.admin_seed import seed
+from tests.plans import walk
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -78,12 +79,6 @@ ADMIN_QUERIES: dict[str, tuple[dict[str, Any], set[str]]] = {
 ALTERNATIVES = {"dead_letter_groups": {"pgq_job_dead": "pgq_job_revivable"}}
 
 
-def _walk(plan: dict[str, Any]):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
-
-
 def _job_table_scans(conn, statement: str, params: Any = None) -> list[tuple[str, str | None]]:
     """The scans of the job table and of the history's partitions that hold rows (an
     empty partition is rightly read sequentially)."""
@@ -99,7 +94,7 @@ def _job_table_scans(conn, statement: str, params: Any = None) -> list[tuple[str
     }
     return [
         (node["Node Type"], node.get("Index Name"))
-        for node in _walk(plan)
+        for node in walk(plan)
         if (
             str(node.get("Relation Name", "")).startswith(JOB_TABLE)
             and node.get("Relation Name") not in empty

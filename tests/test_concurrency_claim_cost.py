@@ -8,12 +8,12 @@ to 1,000 jobs on 100 keys. Buffers, not time: the pages a claim touches.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
 from django_pgqueue.store.sql import QUERIES
 from tests.claim_params import no_flow_floors
+from tests.plans import walk
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -65,12 +65,6 @@ CLAIM = {
 }
 
 
-def _walk(plan: dict[str, Any]):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
-
-
 def _claim_cost(conn) -> tuple[int, int, set[str]]:
     """Return (buffers touched, jobs claimed, indexes used) of one claim, rolled back."""
     with conn.transaction(force_rollback=True):
@@ -81,11 +75,11 @@ def _claim_cost(conn) -> tuple[int, int, set[str]]:
     buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
     claimed = next(
         node["Actual Rows"]
-        for node in _walk(plan)
+        for node in walk(plan)
         if node.get("Node Type") == "ModifyTable"
         and node.get("Relation Name") == "django_pgqueue_job"
     )
-    indexes = {node["Index Name"] for node in _walk(plan) if "Index Name" in node}
+    indexes = {node["Index Name"] for node in walk(plan) if "Index Name" in node}
     return buffers, claimed, indexes
 
 

@@ -21,6 +21,7 @@ from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.statements.lease import floor_params
 from django_pgqueue.store.values import ClaimedJob, ClaimFloor, JobSpec
+from tests.plans import walk
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -171,19 +172,13 @@ def test_floor_branches_read_the_claim_indexes_by_range(open_connection):
         0
     ][0]["Plan"]
     conditions: dict[str, list[str]] = {}
-    for node in _walk(plan):
+    for node in walk(plan):
         if node.get("Index Name") in INDEX.values():
             conditions.setdefault(node["Index Name"], []).append(node.get("Index Cond", ""))
     for index in INDEX.values():
         found = conditions.get(index, [])
         assert any("head_priority =" in c and "head_available_at" in c for c in found), found
         assert any("head_priority <" in c for c in found), found
-
-
-def _walk(plan: dict[str, Any]):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
 
 
 def _claim_index_reads(observer, kind: str) -> int:

@@ -24,6 +24,7 @@ from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
 from tests.claim_params import no_flow_floors
+from tests.plans import walk
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.one_server]
 
@@ -47,12 +48,6 @@ KEY_INDEXES = {
 }
 
 
-def _walk(plan: dict[str, Any]):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
-
-
 def _explain(conn, name: str, params: dict[str, Any]) -> tuple[int, float, set[str], int]:
     """Return (buffers, ms, indexes, rows) of one statement, in a rolled-back transaction."""
     with conn.transaction(force_rollback=True):
@@ -62,7 +57,7 @@ def _explain(conn, name: str, params: dict[str, Any]) -> tuple[int, float, set[s
     plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]
     top = plan["Plan"]
     buffers = top["Shared Hit Blocks"] + top["Shared Read Blocks"]
-    indexes = {node["Index Name"] for node in _walk(top) if "Index Name" in node}
+    indexes = {node["Index Name"] for node in walk(top) if "Index Name" in node}
     scans = [
         (
             node["Shared Hit Blocks"] + node["Shared Read Blocks"],
@@ -70,7 +65,7 @@ def _explain(conn, name: str, params: dict[str, Any]) -> tuple[int, float, set[s
             node.get("Index Name") or node.get("Relation Name"),
             node.get("Actual Rows"),
         )
-        for node in _walk(top)
+        for node in walk(top)
         if "Scan" in node["Node Type"]
     ]
     print(f"{name}: scans {sorted(scans, key=lambda scan: -scan[0])[:6]}")

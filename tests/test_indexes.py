@@ -18,10 +18,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from psycopg import sql
 
-from django_pgqueue.store.pgconn import GENERIC_PLAN_SESSION
 from django_pgqueue.store.sql import QUERIES
+from tests.plans import explain, walk
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -311,36 +310,9 @@ def test_every_job_table_statement_is_covered():
     assert writes_jobs - inserts == set(PARAMS)
 
 
-def _walk(plan: dict[str, Any]):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
-
-
 def _plan(conn, name: str, *, generic: bool) -> dict[str, Any]:
     """Return the plan of ``name``; a generic one as a worker's prepared statement gets."""
-    query = QUERIES[name]
-    if not generic:
-        rows = conn.execute("EXPLAIN (FORMAT JSON) " + query.text, PARAMS[name]).fetchone()[0]
-    else:
-        order: list[str] = []
-
-        def number(match: re.Match[str]) -> str:
-            if match.group(1) not in order:
-                order.append(match.group(1))
-            return f"${order.index(match.group(1)) + 1}"
-
-        text = re.sub(r"%\(([a-z_]+)\)s", number, query.text)
-        conn.execute("DEALLOCATE ALL")
-        conn.execute(f"PREPARE probe AS {text}")
-        # The session of a worker's connection (store/pgconn.py).
-        conn.execute(GENERIC_PLAN_SESSION)
-        arguments = sql.SQL(", ").join(sql.Literal(PARAMS[name][key]) for key in order)
-        rows = conn.execute(
-            sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
-        ).fetchone()[0]
-        conn.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET jit")
-    return (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+    return explain(conn, QUERIES[name].text, PARAMS[name], generic=generic)
 
 
 def _empty_partitions(conn) -> set[str]:
@@ -360,7 +332,7 @@ def _job_table_scans(conn, name: str, *, generic: bool) -> list[tuple[str, str |
     empty = _empty_partitions(conn)
     return [
         (node["Node Type"], _index_name(node.get("Index Name")))
-        for node in _walk(_plan(conn, name, generic=generic))
+        for node in walk(_plan(conn, name, generic=generic))
         if (
             str(node.get("Relation Name", "")).startswith("django_pgqueue_job")
             and node.get("Relation Name") not in empty

@@ -10,8 +10,6 @@ The cost is counted in index entries returned (dead ones included), never in sec
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,10 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 from django.test import override_settings
-from psycopg import sql
 
 from django_pgqueue.store.notices import flow_channel
-from django_pgqueue.store.pgconn import GENERIC_PLAN_SESSION
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.store.sql import QUERIES
@@ -30,6 +26,7 @@ from django_pgqueue.store.statements.lease import floor_params
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.tasks.sqlsync import sync_sql_settings
 from tests.claim_params import no_flow_floors
+from tests.plans import explain
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -375,24 +372,7 @@ def test_the_claim_writes_partition_and_key_rows_by_ctid(open_connection, generi
     conn.execute(IDLE_PARTITIONS)
     conn.execute("ANALYZE django_pgqueue_partition")
     conn.execute("ANALYZE django_pgqueue_concurrency")
-    text, params = QUERIES["claim_batch"].text, _claim_params()
-    if generic:
-        order: list[str] = []
-
-        def number(match: re.Match[str]) -> str:
-            if match.group(1) not in order:
-                order.append(match.group(1))
-            return f"${order.index(match.group(1)) + 1}"
-
-        numbered = re.sub(r"%\(([a-z_]+)\)s", number, text)
-        conn.execute(f"PREPARE probe AS {numbered}")
-        conn.execute(GENERIC_PLAN_SESSION)
-        arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
-        query: Any = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
-        (rows,) = conn.execute(query).fetchone()
-    else:
-        (rows,) = conn.execute("EXPLAIN (FORMAT JSON) " + text, params).fetchone()
-    plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+    plan = explain(conn, QUERIES["claim_batch"].text, _claim_params(), generic=generic)
     partitions, keys = TABLE[PARTITION], TABLE[KEY]
     assert _cte_scans(plan, "running", partitions) == ["Tid Scan"]
     assert _cte_scans(plan, "counted", keys) == ["Tid Scan"]

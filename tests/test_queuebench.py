@@ -22,6 +22,7 @@ from django_pgqueue.tools.bench.ceiling import _CEILING_CLAIM, _CEILING_FILL
 from django_pgqueue.tools.bench.run import _PREFILL_SQL
 from tests import tasks
 from tests.database import REPO
+from tests.plans import walk
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -291,7 +292,7 @@ def test_the_claim_ceiling_walks_the_claims_own_index(observer):
     plan = observer.execute(
         "EXPLAIN (FORMAT JSON) " + _CEILING_CLAIM, {"queue": QUEUE, "limit": 100}
     ).fetchone()[0]
-    nodes = list(_walk(plan[0]["Plan"]))
+    nodes = list(walk(plan[0]["Plan"]))
     scans = [
         (node["Node Type"], node.get("Index Name"))
         for node in nodes
@@ -300,12 +301,6 @@ def test_the_claim_ceiling_walks_the_claims_own_index(observer):
     assert ("Index Scan", "pgq_job_claim") in scans, scans
     assert not any(node == "Seq Scan" for node, _ in scans), scans
     assert not any(node["Node Type"] == "Sort" for node in nodes), nodes
-
-
-def _walk(plan: dict[str, Any]) -> Any:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _walk(child)
 
 
 def test_the_text_report_warns_when_django_debug_is_on():

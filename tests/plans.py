@@ -1,0 +1,70 @@
+"""Query plans in tests: EXPLAIN a statement's text as the store sends it, custom or
+generic, and walk the plan's nodes.
+
+A worker's connection prepares its statements and plans them generically
+(``GENERIC_PLAN_SESSION``, store/pgconn.py), so an index a test expects must hold for
+that plan too, not only for the custom plan ``EXPLAIN`` makes from literal values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from django_pgqueue.store.pgconn import GENERIC_PLAN_SESSION
+
+_NAMED = re.compile(r"%\(([a-z_]+)\)s")
+
+
+def walk(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Yield ``plan`` and every node under it, depth first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from walk(child)
+
+
+def _root(rows: Any) -> dict[str, Any]:
+    # psycopg returns the json column decoded, unless a test's connection asked for text.
+    return (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+
+
+def explain(
+    conn: psycopg.Connection[Any],
+    text: str,
+    params: Mapping[str, Any],
+    *,
+    generic: bool = False,
+    options: str = "FORMAT JSON",
+) -> dict[str, Any]:
+    """Return the root node of the plan of ``text`` (named ``%(x)s`` placeholders).
+
+    ``generic`` prepares the text with numbered parameters in a worker's session and
+    explains its execution, so the plan is the one a worker's prepared statement gets; the
+    session's settings are reset afterwards.
+    """
+    if not generic:
+        (rows,) = conn.execute(f"EXPLAIN ({options}) {text}", params).fetchone()  # type: ignore[misc]
+        return _root(rows)
+    order: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        if match.group(1) not in order:
+            order.append(match.group(1))
+        return f"${order.index(match.group(1)) + 1}"
+
+    conn.execute("DEALLOCATE ALL")
+    conn.execute(f"PREPARE probe AS {_NAMED.sub(number, text)}")  # type: ignore[arg-type]
+    conn.execute(GENERIC_PLAN_SESSION)
+    try:
+        arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
+        query = sql.SQL("EXPLAIN ({}) EXECUTE probe({})").format(sql.SQL(options), arguments)
+        (rows,) = conn.execute(query).fetchone()  # type: ignore[misc]
+    finally:
+        conn.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET jit")
+        conn.execute("DEALLOCATE probe")
+    return _root(rows)
