@@ -58,6 +58,7 @@ DJANGO_SURFACE = frozenset(
         "test_conf.py",
         "test_dependencies.py",
         "test_enqueue.py",
+        "test_flush_command.py",
         "test_idempotency.py",
         "test_metrics_view.py",
         "test_middleware.py",
