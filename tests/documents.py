@@ -24,6 +24,7 @@ path, so a project on an installed wheel does not see the repository's packages.
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import json
 import os
@@ -37,7 +38,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -111,14 +112,15 @@ def run_steps(
     """Run ``steps`` in ``project`` with ``python``; hand over to one Django shell at the
     first shell step. Commands left running are stopped (Ctrl-C) at the end."""
     runner = _Runner(project, env, python)
-    try:
-        for position, step in enumerate(steps):
-            if step.action in {"shell", "session"}:
-                runner.hand_over(steps[position:])
-                return
-            runner.run(step, namespace=None)
-    finally:
-        runner.stop_background()
+    with _ctrl_c_as_from_a_terminal():
+        try:
+            for position, step in enumerate(steps):
+                if step.action in {"shell", "session"}:
+                    runner.hand_over(steps[position:])
+                    return
+                runner.run(step, namespace=None)
+        finally:
+            runner.stop_background()
 
 
 def continue_in_shell() -> None:
@@ -127,11 +129,32 @@ def continue_in_shell() -> None:
     steps = [Step(**item) for item in json.loads((project / ".docs-test-steps.json").read_text())]
     namespace: dict[str, object] = {"__name__": "__docs_test__"}
     runner = _Runner(project, dict(os.environ), sys.executable)
+    with _ctrl_c_as_from_a_terminal():
+        try:
+            for step in steps:
+                runner.run(step, namespace=namespace)
+        finally:
+            runner.stop_background()
+
+
+@contextlib.contextmanager
+def _ctrl_c_as_from_a_terminal() -> Iterator[None]:
+    """Let the commands started here get Ctrl-C as from a reader's terminal.
+
+    A shell without job control starts a background job (``make test &``, a CI leg run
+    beside another) with SIGINT and SIGQUIT ignored. Every process it starts inherits
+    that, and Python keeps an inherited SIG_IGN, so ``runserver`` would ignore Ctrl-C.
+    A handled signal is reset to the default in a new program, an ignored one is not.
+    """
+    previous = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGQUIT)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
     try:
-        for step in steps:
-            runner.run(step, namespace=namespace)
+        yield
     finally:
-        runner.stop_background()
+        for number, handler in previous.items():
+            if handler is not None:  # None: not set from Python, nothing to put back
+                signal.signal(number, handler)
 
 
 class _Runner:
@@ -265,7 +288,9 @@ class _Runner:
             process = subprocess.Popen(
                 command,
                 cwd=self.project,
-                env={**self.env, "PYTHONUNBUFFERED": "1"},
+                # faulthandler prints every thread's stack on SIGABRT, which a command
+                # that does not stop on Ctrl-C gets before it is killed (below).
+                env={**self.env, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"},
                 stdin=subprocess.DEVNULL,
                 stdout=handle,
                 stderr=subprocess.STDOUT,
@@ -295,15 +320,63 @@ class _Runner:
             try:
                 code = running.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(running.process.pid, signal.SIGKILL)
+                state = _group_state(running.process.pid)
+                # The stacks, so that a command stuck in its exit shows where.
+                os.killpg(running.process.pid, signal.SIGABRT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    running.process.wait(timeout=10)
+                _kill_group(running.process.pid)
                 code = running.process.wait()
-                problems.append(f"{shlex.join(running.command)} did not stop on Ctrl-C")
+                problems.append(f"{shlex.join(running.command)} did not stop on Ctrl-C:\n{state}")
             output = running.read()
             print(f"--- {shlex.join(running.command)} ({running.source}) ---\n{output}")
             if code != 0:
                 problems.append(f"{shlex.join(running.command)} exited with {code}:\n{output}")
         self.background.clear()
         assert not problems, "\n".join(problems)
+
+
+def _group_processes(group: int) -> list[Path]:
+    """The ``/proc`` entries of the processes in process group ``group``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            # The command name, in parentheses, may hold spaces: the fields follow it.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group:
+            found.append(entry)
+    return found
+
+
+def _group_state(group: int) -> str:
+    """Each process of the group with its threads' states and kernel wait channels."""
+    lines = []
+    for entry in _group_processes(group):
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = dict(
+                line.split(":\t", 1)
+                for line in (entry / "status").read_text().splitlines()
+                if ":\t" in line
+            )
+            lines.append(f"pid {entry.name} ppid {status.get('PPid')}: {command.strip()}")
+            for key in ("State", "SigBlk", "SigIgn", "SigCgt"):
+                lines.append(f"  {key}: {status.get(key, '?').strip()}")
+            for thread in sorted((entry / "task").iterdir(), key=lambda path: int(path.name)):
+                name = (thread / "comm").read_text().strip()
+                wchan = (thread / "wchan").read_text().strip()
+                stat = (thread / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                lines.append(f"  thread {thread.name} {name!r}: {stat} in {wchan or '-'}")
+        except OSError as error:
+            lines.append(f"pid {entry.name}: {error}")
+    return "\n".join(lines) or f"no process left in group {group}"
+
+
+def _kill_group(group: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
 
 
 def _ready_check(command: list[str]) -> Callable[[_Background], bool]:
