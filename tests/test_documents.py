@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections.abc import Iterator
 from datetime import datetime
 from itertools import pairwise
@@ -148,3 +149,31 @@ def test_every_install_line_names_the_distribution():
     assert all(
         f"install {DISTRIBUTION}" in line or f'"{DISTRIBUTION}' in line for line in installs
     ), sorted(installs)
+
+
+def test_a_background_command_gets_ctrl_c_when_the_test_run_ignores_it(tmp_path):
+    # A test run started as a background job of a shell without job control ignores
+    # SIGINT, and would hand that to every command it starts.
+    sleeper = (
+        "import pathlib, sys, time\n"
+        "try:\n"
+        "    pathlib.Path('ready').touch()\n"
+        "    time.sleep(600)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(0)\n"
+    )
+    waiter = (
+        "import pathlib, time\nwhile not pathlib.Path('ready').exists():\n    time.sleep(0.05)\n"
+    )
+    steps = [
+        Step("file", "sleeper.py", sleeper, "test"),
+        Step("background", None, "python sleeper.py", "test"),
+        Step("file", "wait.py", waiter, "test"),
+        Step("run", None, "python wait.py", "test"),
+    ]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        run_steps(steps, tmp_path, dict(os.environ))  # stops the sleeper with Ctrl-C
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "put back as it was"
+    finally:
+        signal.signal(signal.SIGINT, previous)
