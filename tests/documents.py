@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import doctest
+import fcntl
 import json
 import os
 import pty
@@ -33,6 +34,7 @@ import re
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +58,9 @@ _PROMPTS = (
 )
 #: The address ``runserver`` serves without arguments.
 RUNSERVER_URL = "http://127.0.0.1:8000"
+#: Held while a document's ``runserver`` has that address, so that test runs side by side
+#: (CI's legs) take turns with it rather than one's checks reaching the other's server.
+_RUNSERVER_LOCK = Path("/tmp/django-pgqueue-tests-runserver-8000.lock")
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,7 @@ class _Runner:
         self.env = env
         self.python = python
         self.background: list[_Background] = []
+        self.held: list[contextlib.ExitStack] = []
 
     def hand_over(self, steps: list[Step]) -> None:
         plan = self.project / ".docs-test-steps.json"
@@ -281,6 +287,8 @@ class _Runner:
 
     def start(self, command: list[str], step: Step) -> None:
         """Start ``command`` in the background and wait until it is ready."""
+        if command[1:] == ["manage.py", "runserver"]:
+            self.held.append(_runserver_address(step))
         # Kept in the project, where a test can read what the command printed.
         name = next((word for word in command[1:] if word.isidentifier()), "command")
         log = self.project / f".docs-test-{name}-{len(self.background)}.log"
@@ -333,7 +341,41 @@ class _Runner:
             if code != 0:
                 problems.append(f"{shlex.join(running.command)} exited with {code}:\n{output}")
         self.background.clear()
+        for held in self.held:
+            held.close()
+        self.held.clear()
         assert not problems, "\n".join(problems)
+
+
+def _runserver_address(
+    step: Step, port: int = 8000, lock: Path = _RUNSERVER_LOCK
+) -> contextlib.ExitStack:
+    """Take the turn with ``runserver``'s address, and check that nothing else has it."""
+    held = contextlib.ExitStack()
+    handle = held.enter_context(lock.open("a"))
+    deadline = time.monotonic() + 2 * _STEP_TIMEOUT
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                held.close()
+                raise AssertionError(
+                    f"{step.source}: another test run held {lock} for {2 * _STEP_TIMEOUT}s"
+                ) from None
+            time.sleep(0.2)
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as error:
+            held.close()
+            raise AssertionError(
+                f"{step.source}: 127.0.0.1:{port} is taken by a process outside the tests "
+                f"({error}); runserver would fail and the checks reach that one"
+            ) from None
+    return held
 
 
 def _group_processes(group: int) -> list[Path]:

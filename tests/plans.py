@@ -39,7 +39,6 @@ def explain(
     params: Mapping[str, Any],
     *,
     generic: bool = False,
-    options: str = "FORMAT JSON",
 ) -> dict[str, Any]:
     """Return the root node of the plan of ``text`` (named ``%(x)s`` placeholders).
 
@@ -48,7 +47,7 @@ def explain(
     session's settings are reset afterwards.
     """
     if not generic:
-        (rows,) = conn.execute(f"EXPLAIN ({options}) {text}", params).fetchone()  # type: ignore[misc]
+        (rows,) = conn.execute(f"EXPLAIN (FORMAT JSON) {text}", params).fetchone()  # type: ignore[misc]
         return _root(rows)
     order: list[str] = []
 
@@ -62,7 +61,7 @@ def explain(
     conn.execute(GENERIC_PLAN_SESSION)
     try:
         arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
-        query = sql.SQL("EXPLAIN ({}) EXECUTE probe({})").format(sql.SQL(options), arguments)
+        query = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
         (rows,) = conn.execute(query).fetchone()  # type: ignore[misc]
     finally:
         conn.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET jit")

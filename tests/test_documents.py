@@ -17,7 +17,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import threading
 from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -27,7 +30,7 @@ import pytest
 
 from django_pgqueue.tools.embedded import EmbeddedPostgres
 from tests.database import REPO
-from tests.documents import DISTRIBUTION, Step, extract, run_steps
+from tests.documents import DISTRIBUTION, Step, _runserver_address, extract, run_steps
 from tests.scratch import scratch_database
 
 pytestmark = pytest.mark.timeout(300)
@@ -177,3 +180,28 @@ def test_a_background_command_gets_ctrl_c_when_the_test_run_ignores_it(tmp_path)
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "put back as it was"
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_runserver_runs_take_turns_with_its_address_and_a_taken_one_is_named(tmp_path):
+    step = Step("background", None, "python manage.py runserver", "test")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    lock = tmp_path / "address.lock"
+    first = _runserver_address(step, port, lock)
+    second: list[ExitStack] = []
+    waiting = threading.Thread(target=lambda: second.append(_runserver_address(step, port, lock)))
+    waiting.start()
+    waiting.join(timeout=0.5)
+    assert waiting.is_alive(), "a second run waits for its turn"
+    first.close()
+    waiting.join(timeout=30)
+    assert second, "and has it once the first is done"
+    second[0].close()
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        with pytest.raises(AssertionError, match=f"127.0.0.1:{port} is taken"):
+            _runserver_address(step, port, lock)
+    _runserver_address(step, port, lock).close()  # the failed attempt let go of the turn

@@ -2,7 +2,7 @@
 
 Django's ``flush`` truncates every table (with the history's partitions and all their
 indexes, some 240 relations) and then sends ``post_migrate``, which makes the content
-types, the permissions and the SQL enqueue settings row again: about a quarter of a
+types, the permissions and the SQL enqueue settings row again: about a third of a
 second after every test that committed anything. This one leaves the database exactly as
 that would, doing less:
 
