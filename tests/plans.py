@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from django_pgqueue.store.pgconn import GENERIC_PLAN_SESSION
+from django_pgqueue.store.sql import QUERIES
 
 _NAMED = re.compile(r"%\(([a-z_]+)\)s")
 
@@ -30,7 +31,8 @@ def walk(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def _root(rows: Any) -> dict[str, Any]:
     # psycopg returns the json column decoded, unless a test's connection asked for text.
-    return (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+    root: dict[str, Any] = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
+    return root
 
 
 def explain(
@@ -57,7 +59,7 @@ def explain(
         return f"${order.index(match.group(1)) + 1}"
 
     conn.execute("DEALLOCATE ALL")
-    conn.execute(f"PREPARE probe AS {_NAMED.sub(number, text)}")  # type: ignore[arg-type]
+    conn.execute(f"PREPARE probe AS {_NAMED.sub(number, text)}")
     conn.execute(GENERIC_PLAN_SESSION)
     try:
         arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
@@ -67,3 +69,23 @@ def explain(
         conn.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET jit")
         conn.execute("DEALLOCATE probe")
     return _root(rows)
+
+
+def claim_cost(
+    conn: psycopg.Connection[Any], params: Mapping[str, Any]
+) -> tuple[int, int, set[str]]:
+    """Return (buffers touched, jobs claimed, indexes used) of one claim, rolled back."""
+    with conn.transaction(force_rollback=True):
+        (rows,) = conn.execute(  # type: ignore[misc]
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"].text, params
+        ).fetchone()
+    plan = _root(rows)
+    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+    claimed = next(
+        node["Actual Rows"]
+        for node in walk(plan)
+        if node.get("Node Type") == "ModifyTable"
+        and node.get("Relation Name") == "django_pgqueue_job"
+    )
+    indexes = {node["Index Name"] for node in walk(plan) if "Index Name" in node}
+    return buffers, claimed, indexes

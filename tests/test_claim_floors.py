@@ -27,7 +27,7 @@ from django_pgqueue.worker.cursor import (
     HeadPacing,
     ReapFloor,
 )
-from tests.claim_params import no_flow_floors
+from tests.claim_params import claim_params
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -386,18 +386,7 @@ def test_under_a_held_snapshot_a_floor_claim_does_not_walk_the_jobs_claimed_befo
     assert last is not None
     _enqueue(store, 20)
     conn = open_connection(prepare=False)
-    params = {
-        "queues": ["default"],
-        "bucket_masks": [None],
-        "queue_limits": [20],
-        "total_limit": 20,
-        "worker_id": "probe",
-        "lease_seconds": 30.0,
-        "floor_priorities": [None],
-        "floor_available_ats": [None],
-        "floor_ids": [None],
-        **no_flow_floors(1),
-    }
+    params = claim_params(20)
     from_head = _entries_read(conn, params)
     floor = ClaimFloor.after(last)
     from_floor = _entries_read(

@@ -7,13 +7,11 @@ to 1,000 jobs on 100 keys. Buffers, not time: the pages a claim touches.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from django_pgqueue.store.sql import QUERIES
-from tests.claim_params import no_flow_floors
-from tests.plans import walk
+from tests.claim_params import claim_params
+from tests.plans import claim_cost
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,36 +49,7 @@ SELECT django_pgqueue_refresh_concurrency(ARRAY(
 ), NULL)
 """
 
-CLAIM = {
-    "queues": ["default"],
-    "bucket_masks": [None],
-    "queue_limits": [20],
-    "floor_priorities": [None],
-    "floor_available_ats": [None],
-    "floor_ids": [None],
-    **no_flow_floors(1),
-    "total_limit": 20,
-    "worker_id": "probe",
-    "lease_seconds": 30.0,
-}
-
-
-def _claim_cost(conn) -> tuple[int, int, set[str]]:
-    """Return (buffers touched, jobs claimed, indexes used) of one claim, rolled back."""
-    with conn.transaction(force_rollback=True):
-        rows = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"].text, CLAIM
-        ).fetchone()[0]
-    plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
-    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-    claimed = next(
-        node["Actual Rows"]
-        for node in walk(plan)
-        if node.get("Node Type") == "ModifyTable"
-        and node.get("Relation Name") == "django_pgqueue_job"
-    )
-    indexes = {node["Index Name"] for node in walk(plan) if "Index Name" in node}
-    return buffers, claimed, indexes
+CLAIM = claim_params(20)
 
 
 def _fill(conn, *, rows: int, keys: int) -> None:
@@ -97,13 +66,13 @@ def _fill(conn, *, rows: int, keys: int) -> None:
 def test_claim_cost_is_the_same_with_100000_jobs_waiting_on_10000_keys(open_connection):
     conn = open_connection(prepare=False)
     _fill(conn, rows=1_000, keys=100)
-    small, small_claimed, _ = _claim_cost(conn)
+    small, small_claimed, _ = claim_cost(conn, CLAIM)
     _fill(conn, rows=100_000, keys=10_000)
     (at_limit,) = conn.execute(
         "SELECT count(*) FROM django_pgqueue_concurrency WHERE in_flight >= max_in_flight"
     ).fetchone()
     assert at_limit == 10_000 - OPEN_KEYS
-    big, big_claimed, big_indexes = _claim_cost(conn)
+    big, big_claimed, big_indexes = claim_cost(conn, CLAIM)
     print(f"claim of 20: {small} buffers at 1,000 jobs, {big} at 100,000 waiting on limits")
     # Both claim a full batch from the keys with free slots (2 each of 20 keys).
     assert small_claimed == 20

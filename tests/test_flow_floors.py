@@ -21,6 +21,7 @@ from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.statements.lease import floor_params
 from django_pgqueue.store.values import ClaimedJob, ClaimFloor, JobSpec
+from tests.claim_params import claim_params
 from tests.plans import walk
 from tests.workers import wait_for
 
@@ -101,17 +102,11 @@ def _name(job: ClaimedJob, kind: str) -> str | None:
 def _entries_read(conn, kind: str, floor: ClaimFloor | None) -> int:
     """Entries of the kind's claim index one claim reads, dead ones included; rolled back."""
     count = f"SELECT pg_stat_get_xact_tuples_returned('{INDEX[kind]}'::regclass)"
-    params = {
-        "queues": ["default"],
-        "bucket_masks": [None],
-        "queue_limits": [20],
-        "total_limit": 20,
-        "worker_id": "probe",
-        "lease_seconds": 30.0,
-        **floor_params("", [None]),
+    params = claim_params(
+        20,
         **floor_params("part_", [floor if kind == PARTITION else None]),
         **floor_params("key_", [floor if kind == KEY else None]),
-    }
+    )
     with conn.transaction(force_rollback=True):
         (before,) = conn.execute(count).fetchone()
         taken = conn.execute(QUERIES["claim_batch"].text, params).fetchall()
@@ -157,17 +152,7 @@ def test_floor_branches_read_the_claim_indexes_by_range(open_connection):
     (available_at, id) bound as index conditions, not filters over the whole queue."""
     conn = open_connection(prepare=False)
     floor = ClaimFloor(0, timezone.now(), 1)
-    params = {
-        "queues": ["default"],
-        "bucket_masks": [None],
-        "queue_limits": [20],
-        "total_limit": 20,
-        "worker_id": "probe",
-        "lease_seconds": 30.0,
-        **floor_params("", [None]),
-        **floor_params("part_", [floor]),
-        **floor_params("key_", [floor]),
-    }
+    params = claim_params(20, **floor_params("part_", [floor]), **floor_params("key_", [floor]))
     plan = conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES["claim_batch"].text, params).fetchone()[
         0
     ][0]["Plan"]

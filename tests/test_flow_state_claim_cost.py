@@ -23,7 +23,7 @@ import pytest
 from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
-from tests.claim_params import no_flow_floors
+from tests.claim_params import claim_params
 from tests.plans import walk
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.one_server]
@@ -72,21 +72,6 @@ def _explain(conn, name: str, params: dict[str, Any]) -> tuple[int, float, set[s
     return buffers, plan["Execution Time"], indexes, top["Actual Rows"]
 
 
-def _claim_params(limit: int) -> dict[str, Any]:
-    return {
-        "queues": ["default"],
-        "bucket_masks": [None],
-        "queue_limits": [limit],
-        "floor_priorities": [None],
-        "floor_available_ats": [None],
-        "floor_ids": [None],
-        **no_flow_floors(1),
-        "total_limit": limit,
-        "worker_id": "probe",
-        "lease_seconds": 30.0,
-    }
-
-
 def _build(store, keys: int) -> None:
     """``keys`` keys, half at their limit, half out of tokens, each with a job waiting;
     and a flood on the busy ones: two more jobs each, each insert leaving a signal."""
@@ -125,7 +110,7 @@ def test_a_claim_of_plain_jobs_costs_the_same_with_any_amount_of_flow_state(
     # The same claim with no flow state at all: what claiming 20 jobs costs by itself
     # (reading them, and writing their new row versions and index entries).
     store.enqueue_many(JobSpec("tests.tasks.noop") for _ in range(PLAIN_JOBS))
-    baseline = _explain(conn, "claim_batch_plain", _claim_params(PLAIN_JOBS))
+    baseline = _explain(conn, "claim_batch_plain", claim_params(PLAIN_JOBS))
     print(f"no flow state: claim_batch_plain {baseline[0]} buffers, {baseline[1]:.2f} ms")
     _build(store, keys)
     (signals,) = conn.execute("SELECT count(*) FROM django_pgqueue_concurrency_signal").fetchone()
@@ -139,11 +124,11 @@ def test_a_claim_of_plain_jobs_costs_the_same_with_any_amount_of_flow_state(
     # The round a worker sends while nothing says a partition or key can start: the plain
     # claim alone. And, for the record, the statements of a full round (sent when one
     # may start, and once per poll interval).
-    plain = _explain(conn, "claim_batch_plain", _claim_params(PLAIN_JOBS))
+    plain = _explain(conn, "claim_batch_plain", claim_params(PLAIN_JOBS))
     full = {
         "fold_signals": _explain(conn, "fold_signals", {"batch_size": 1000}),
         "wake_due": _explain(conn, "wake_due", {"batch_size": 1000}),
-        "claim_batch": _explain(conn, "claim_batch", _claim_params(PLAIN_JOBS)),
+        "claim_batch": _explain(conn, "claim_batch", claim_params(PLAIN_JOBS)),
     }
     for name, (buffers, ms, _, _) in {"claim_batch_plain": plain, **full}.items():
         print(f"{keys} keys, {signals} signals: {name} {buffers} buffers, {ms:.2f} ms")

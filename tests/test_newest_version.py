@@ -22,10 +22,9 @@ from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.store.sql import QUERIES
-from django_pgqueue.store.statements.lease import floor_params
 from django_pgqueue.store.values import JobSpec
 from django_pgqueue.tasks.sqlsync import sync_sql_settings
-from tests.claim_params import no_flow_floors
+from tests.claim_params import claim_params
 from tests.plans import explain
 from tests.workers import wait_for
 
@@ -41,6 +40,8 @@ PARTITION, KEY = "partition", "key"
 TABLE = {PARTITION: "django_pgqueue_partition", KEY: "django_pgqueue_concurrency"}
 COLUMN = {PARTITION: "partition_key", KEY: "concurrency_key"}
 NAME = {PARTITION: "p-churned", KEY: "queue:low"}
+#: One claim of up to ten jobs of the default queue, every floor at the head.
+CLAIM = claim_params(10, worker_id="w")
 
 
 def _spec(kind: str, **extra: Any) -> JobSpec:
@@ -260,19 +261,6 @@ def test_a_refresh_waiting_on_an_update_locks_and_writes_its_newest_version(
     assert first < head.pk
 
 
-def _claim_params() -> dict[str, Any]:
-    return {
-        "queues": ["default"],
-        "bucket_masks": [None],
-        "queue_limits": [10],
-        "total_limit": 10,
-        "worker_id": "w",
-        "lease_seconds": 30.0,
-        **floor_params("", [None]),
-        **no_flow_floors(1),
-    }
-
-
 @pytest.mark.parametrize("kind", [PARTITION, KEY])
 def test_a_claim_whose_lock_took_a_newer_version_still_writes_its_row(store, open_connection, kind):
     """The claim writes a partition's ``running_id`` (a key's ``in_flight``, tokens and
@@ -299,7 +287,7 @@ def test_a_claim_whose_lock_took_a_newer_version_still_writes_its_row(store, ope
     pid = claimer.info.backend_pid
     rows: list[Any] = []
     thread = threading.Thread(
-        target=lambda: rows.extend(claimer.execute(held, _claim_params()).fetchall()),
+        target=lambda: rows.extend(claimer.execute(held, CLAIM).fetchall()),
         daemon=True,
     )
     thread.start()
@@ -372,7 +360,7 @@ def test_the_claim_writes_partition_and_key_rows_by_ctid(open_connection, generi
     conn.execute(IDLE_PARTITIONS)
     conn.execute("ANALYZE django_pgqueue_partition")
     conn.execute("ANALYZE django_pgqueue_concurrency")
-    plan = explain(conn, QUERIES["claim_batch"].text, _claim_params(), generic=generic)
+    plan = explain(conn, QUERIES["claim_batch"].text, CLAIM, generic=generic)
     partitions, keys = TABLE[PARTITION], TABLE[KEY]
     assert _cte_scans(plan, "running", partitions) == ["Tid Scan"]
     assert _cte_scans(plan, "counted", keys) == ["Tid Scan"]

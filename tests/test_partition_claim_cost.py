@@ -8,13 +8,11 @@ claim touches, whatever else the machine is doing.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from django_pgqueue.store.sql import QUERIES
-from tests.claim_params import no_flow_floors
-from tests.plans import walk
+from tests.claim_params import claim_params
+from tests.plans import claim_cost
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -55,36 +53,7 @@ SELECT django_pgqueue_refresh_partitions(ARRAY(
 ))
 """
 
-CLAIM = {
-    "queues": ["default"],
-    "bucket_masks": [None],
-    "queue_limits": [20],
-    "floor_priorities": [None],
-    "floor_available_ats": [None],
-    "floor_ids": [None],
-    **no_flow_floors(1),
-    "total_limit": 20,
-    "worker_id": "probe",
-    "lease_seconds": 30.0,
-}
-
-
-def _claim_cost(conn) -> tuple[int, int, set[str]]:
-    """Return (buffers touched, jobs claimed, indexes used) of one claim, rolled back."""
-    with conn.transaction(force_rollback=True):
-        rows = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"].text, CLAIM
-        ).fetchone()[0]
-    plan = (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
-    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
-    claimed = next(
-        node["Actual Rows"]
-        for node in walk(plan)
-        if node.get("Node Type") == "ModifyTable"
-        and node.get("Relation Name") == "django_pgqueue_job"
-    )
-    indexes = {node["Index Name"] for node in walk(plan) if "Index Name" in node}
-    return buffers, claimed, indexes
+CLAIM = claim_params(20)
 
 
 def _fill(conn, *, rows: int, partitions: int) -> None:
@@ -99,9 +68,9 @@ def _fill(conn, *, rows: int, partitions: int) -> None:
 def test_claim_cost_is_the_same_at_a_million_partitioned_jobs(open_connection):
     conn = open_connection(prepare=False)
     _fill(conn, rows=1_000, partitions=100)
-    small, small_claimed, _ = _claim_cost(conn)
+    small, small_claimed, _ = claim_cost(conn, CLAIM)
     _fill(conn, rows=1_000_000, partitions=10_000)
-    big, big_claimed, big_indexes = _claim_cost(conn)
+    big, big_claimed, big_indexes = claim_cost(conn, CLAIM)
     print(f"claim of 20: {small} buffers at 1,000 jobs, {big} at 1,000,000")
     # Both claim a full batch: ready heads are found whatever lies behind them.
     assert small_claimed == 20

@@ -13,7 +13,7 @@ from django_pgqueue.store.runners import DjangoRunner
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import PartitionRepair
-from tests.claim_params import no_flow_floors
+from tests.claim_params import claim_params
 from tests.test_migrations import _manage, scratch_database  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.timeout(120)
@@ -140,18 +140,7 @@ def test_migration_0004_makes_existing_partitioned_jobs_claimable(scratch_databa
         assert conn.execute(QUERIES["fold_signals"].text, {"batch_size": 100}).fetchone()[0] == 3
         rows = conn.execute(
             QUERIES["claim_batch"].text,
-            {
-                "queues": ["default"],
-                "bucket_masks": [None],
-                "queue_limits": [10],
-                "floor_priorities": [None],
-                "floor_available_ats": [None],
-                "floor_ids": [None],
-                **no_flow_floors(1),
-                "total_limit": 10,
-                "worker_id": "w",
-                "lease_seconds": 30.0,
-            },
+            claim_params(10, worker_id="w"),
         ).fetchall()
         assert sorted(row[0] for row in rows if row[0] is not None) == ids
     _manage(scratch_database, "migrate", "django_pgqueue", "0003")  # and it reverses
