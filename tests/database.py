@@ -19,8 +19,10 @@ from django_pgqueue.tools.embedded import EmbeddedPostgres, database_settings
 
 REPO = Path(__file__).resolve().parent.parent
 #: ``PGQUEUE_TEST_PGDATA`` (relative to the checkout) gives a run a server of its own:
-#: CI runs two Django legs side by side, each on its own embedded server, so that tests
-#: which look at or terminate connections server-wide never touch the other leg's.
+#: CI runs its legs side by side, each with its own embedded server (for a run on
+#: ``DATABASE_URL``, the one its server_control tests stop and restart), so that tests
+#: which restart a server, or look at or terminate connections server-wide, never touch
+#: another leg's.
 EMBEDDED_ROOT = REPO / (os.environ.get("PGQUEUE_TEST_PGDATA") or ".pgdata")
 
 _embedded: EmbeddedPostgres | None = None
