@@ -58,9 +58,9 @@ _PROMPTS = (
 )
 #: The address ``runserver`` serves without arguments.
 RUNSERVER_URL = "http://127.0.0.1:8000"
-#: Held while a document's ``runserver`` has that address, so that test runs side by side
-#: (CI's legs) take turns with it rather than one's checks reaching the other's server.
-_RUNSERVER_LOCK = Path("/tmp/django-pgqueue-tests-runserver-8000.lock")
+#: Held while a test may serve on that address, so that test runs side by side (CI's
+#: legs) take turns with it rather than one's checks reaching the other's server.
+RUNSERVER_LOCK = Path("/tmp/django-pgqueue-tests-runserver-8000.lock")
 
 
 @dataclass(frozen=True)
@@ -347,24 +347,34 @@ class _Runner:
         assert not problems, "\n".join(problems)
 
 
-def _runserver_address(
-    step: Step, port: int = 8000, lock: Path = _RUNSERVER_LOCK
-) -> contextlib.ExitStack:
-    """Take the turn with ``runserver``'s address, and check that nothing else has it."""
+def runserver_turn(lock: Path = RUNSERVER_LOCK, source: str = "a test") -> contextlib.ExitStack:
+    """Take the turn with ``runserver``'s default address (held until the stack closes).
+
+    Every test that may serve on it takes the turn: the documents' ``runserver`` and the
+    example project's demo (which takes 8000 when it is free), so that test runs side by
+    side never reach each other's server.
+    """
     held = contextlib.ExitStack()
     handle = held.enter_context(lock.open("a"))
     deadline = time.monotonic() + 2 * _STEP_TIMEOUT
     while True:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return held
         except BlockingIOError:
             if time.monotonic() > deadline:
                 held.close()
                 raise AssertionError(
-                    f"{step.source}: another test run held {lock} for {2 * _STEP_TIMEOUT}s"
+                    f"{source}: another test run held {lock} for {2 * _STEP_TIMEOUT}s"
                 ) from None
             time.sleep(0.2)
+
+
+def _runserver_address(
+    step: Step, port: int = 8000, lock: Path = RUNSERVER_LOCK
+) -> contextlib.ExitStack:
+    """Take the turn with ``runserver``'s address, and check that nothing else has it."""
+    held = runserver_turn(lock, step.source)
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT
         try:

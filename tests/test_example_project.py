@@ -25,6 +25,7 @@ import pytest
 
 from django_pgqueue.tools.embedded import with_dbname
 from tests.database import REPO, database_url
+from tests.documents import runserver_turn
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -331,18 +332,20 @@ def test_demo_runs_end_to_end_and_reports_what_it_did():
     # A database that does not exist yet: the demo creates it, migrates and seeds it.
     name = f"pgq_example_demo_{uuid.uuid4().hex[:8]}"
     url = with_dbname(database_url(), name)
-    try:
-        result = subprocess.run(
-            [sys.executable, str(PROJECT / "demo.py"), "--seconds", "25"],
-            cwd=REPO,
-            env={**_env(url), "DEMO_ADMIN_PASSWORD": "demo-test-password"},
-            capture_output=True,
-            text=True,
-            timeout=110,
-            check=False,
-        )
-    finally:
-        _drop(name)
+    # The demo serves on 8000 when it is free, as the tutorial's runserver does.
+    with runserver_turn(source="demo.py"):
+        try:
+            result = subprocess.run(
+                [sys.executable, str(PROJECT / "demo.py"), "--seconds", "25"],
+                cwd=REPO,
+                env={**_env(url), "DEMO_ADMIN_PASSWORD": "demo-test-password"},
+                capture_output=True,
+                text=True,
+                timeout=110,
+                check=False,
+            )
+        finally:
+            _drop(name)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     summary = output[output.index("summary after") :]
