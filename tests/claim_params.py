@@ -12,13 +12,11 @@ def no_flow_floors(queues: int) -> dict[str, list[Any]]:
     return {**floor_params("part_", [None] * queues), **floor_params("key_", [None] * queues)}
 
 
-def claim_params(
-    limit: int, *, queue: str = "default", worker_id: str = "probe", **overrides: Any
-) -> dict[str, Any]:
-    """Return the parameters of one claim of up to ``limit`` jobs of ``queue``, in every
-    bucket, with every floor at the head; ``overrides`` replace any of them."""
+def claim_params(limit: int, *, worker_id: str = "probe", **overrides: Any) -> dict[str, Any]:
+    """Return the parameters of one claim of up to ``limit`` jobs of the default queue, in
+    every bucket, with every floor at the head; ``overrides`` replace any of them."""
     return {
-        "queues": [queue],
+        "queues": ["default"],
         "bucket_masks": [None],
         "queue_limits": [limit],
         "total_limit": limit,

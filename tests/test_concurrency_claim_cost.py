@@ -86,9 +86,7 @@ def test_a_claim_never_fills_more_than_a_keys_free_slots(open_connection):
     _fill(conn, rows=1_000, keys=100)
     taken = 0
     while True:
-        rows = conn.execute(
-            QUERIES["claim_batch"].text, {**CLAIM, "queue_limits": [500], "total_limit": 500}
-        ).fetchall()
+        rows = conn.execute(QUERIES["claim_batch"].text, claim_params(500)).fetchall()
         got = [row for row in rows if row[0] is not None]
         if not got:
             break

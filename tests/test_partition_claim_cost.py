@@ -87,9 +87,7 @@ def test_a_partition_whose_head_is_ready_is_in_the_next_claim(open_connection):
     # Take every idle partition's head, as workers would, until none is left.
     claimed = 0
     while True:
-        rows = conn.execute(
-            QUERIES["claim_batch"].text, {**CLAIM, "queue_limits": [500], "total_limit": 500}
-        ).fetchall()
+        rows = conn.execute(QUERIES["claim_batch"].text, claim_params(500)).fetchall()
         got = [row for row in rows if row[0] is not None]
         if not got:
             break
