@@ -12,20 +12,17 @@ finished job is in the history and none in the job table, and none is in both.
 
 from __future__ import annotations
 
-import subprocess
-import tarfile
 import tempfile
 import threading
 import time
-from io import BytesIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.db import connections
 
-from tests.database import REPO
 from tests.ledger import entries
+from tests.releases import checkout, previous_release
 from tests.workers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.soak]
@@ -36,36 +33,6 @@ LATER = 2_000
 #: A write to the job table that took longer than this while the migrations ran would
 #: mean the upgrade held the queue beyond one short statement.
 LONGEST_WAIT_ALLOWED = 5.0
-
-
-def _previous_release() -> str:
-    """The commit before the one that added migration 0019 (HEAD if it is not committed)."""
-    added = subprocess.run(
-        [
-            "git",
-            "log",
-            "--diff-filter=A",
-            "--format=%H",
-            "--",
-            "django_pgqueue/migrations/0019_history.py",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    return f"{added[-1]}^" if added else "HEAD"
-
-
-def _checkout(commit: str, into: Path) -> None:
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", commit, "django_pgqueue", "tests"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout
-    with tarfile.open(fileobj=BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
 
 
 class Probe(threading.Thread):
@@ -131,7 +98,7 @@ def test_a_rolling_deploy_moves_the_history_without_losing_or_repeating_a_job(
         _enqueue(conn, BACKLOG, "before-")
         conn.execute("VACUUM ANALYZE django_pgqueue_job")
         with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
-            _checkout(_previous_release(), Path(old_tree))
+            checkout(previous_release("0019_history"), Path(old_tree))
             old = WorkerProcess(
                 db_url, "--queue", "default", "--concurrency", "4", cwd=Path(old_tree)
             )
