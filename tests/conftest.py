@@ -148,6 +148,8 @@ SERVER_SIDE = frozenset(
         "test_rate_limits.py",
         "test_reaper.py",
         "test_recorder.py",
+        "test_refresh_bounds.py",
+        "test_refresh_bounds_upgrade.py",
         "test_schedule_cadence.py",
         "test_schedule_firing.py",
         "test_schedule_limits.py",

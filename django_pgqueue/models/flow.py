@@ -21,9 +21,10 @@ class Partition(models.Model):
     Kept by the queue's own statements, never by the ORM: each statement that moves a
     partitioned job (claim, complete, fail, release, reap) brings the row up to date in
     the same transaction, under the row's lock, from the job table itself (the function
-    ``django_pgqueue_refresh_partitions`` of migration 0004). Producers never lock it:
-    they append a :class:`PartitionSignal`, folded in by the next claim. A row exists
-    while its partition has a pending or processing job.
+    ``django_pgqueue_refresh_partitions`` of migration 0004; since 0024 read from the
+    jobs that moved on, not from the partition's first job). Producers never lock it:
+    they append a :class:`PartitionSignal` naming the job, folded in by the next claim. A
+    row exists while its partition has a pending or processing job.
     """
 
     partition_key = models.CharField(
@@ -104,6 +105,13 @@ class PartitionSignal(models.Model):
         _("urgent"),
         db_default=True,
         db_comment="The claim folds it (a job may be able to start); else housekeeping.",
+    )
+    job_id = models.BigIntegerField(
+        _("job"),
+        null=True,
+        blank=True,
+        db_comment="The oldest job signalled: the fold reads the partition's jobs from "
+        "there. NULL: from the first (a signal of an older release, or a trigger).",
     )
 
     class Meta:

@@ -10,11 +10,13 @@
 -- worker could wait on, however long the producer's transaction stays open, and the
 -- signal becomes visible exactly when the job does. A job under a concurrency limit
 -- appends a concurrency signal (django_pgqueue_concurrency_signal) the same way.
+-- A partition signal names its job (job_id, migration 0024): the fold reads the
+-- partition's jobs from there on, not from its first one.
 -- A signal is urgent (folded by the next claim) unless the partition's row already
 -- names a next job other than its running one (a claim leaves head_id on the job it
 -- started): that job is older than this one, and whatever moves the row reads the job
--- table and finds this job behind it. Likewise when the key's row names a ready next
--- job at least as urgent (priority) as this one: a claim of the key takes its ready jobs
+-- table from it and finds this job behind it. Likewise when the key's row names a ready
+-- next job at least as urgent (priority) as this one: a claim of the key takes its ready jobs
 -- from the job table, and every slot freed refreshes the row. Those are lazy: each worker's housekeeping thread folds them a few
 -- times a second, for the case where every job ahead was taken before this transaction
 -- committed. A deep backlog on a busy partition or key then costs the claims nothing.
@@ -75,7 +77,7 @@ woken AS (
 fresh AS (
     -- Whether the new job's partition or key needs its row refreshed by the next claim
     -- (urgent) or only if the row changes before this commits (lazy): see the top.
-    SELECT inserted.queue, inserted.available_at <= now() AS ready,
+    SELECT inserted.queue, inserted.available_at <= now() AS ready, inserted.id,
         inserted.partition_key, NOT COALESCE((
             SELECT part.head_id IS NOT NULL
                 AND part.head_id IS DISTINCT FROM part.running_id
@@ -101,8 +103,8 @@ fresh AS (
     WHERE (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
 ),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
-    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent, job_id)
+    SELECT fresh.partition_key, fresh.partition_urgent, fresh.id FROM fresh
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
@@ -154,7 +156,7 @@ woken AS (
 fresh AS (
     -- Whether the new job's partition or key needs its row refreshed by the next claim
     -- (urgent) or only if the row changes before this commits (lazy): see the top.
-    SELECT inserted.queue, inserted.available_at <= now() AS ready,
+    SELECT inserted.queue, inserted.available_at <= now() AS ready, inserted.id,
         inserted.partition_key, NOT COALESCE((
             SELECT part.head_id IS NOT NULL
                 AND part.head_id IS DISTINCT FROM part.running_id
@@ -180,8 +182,8 @@ fresh AS (
     WHERE (inserted.partition_key IS NOT NULL OR inserted.concurrency_key IS NOT NULL)
 ),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
-    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent, job_id)
+    SELECT fresh.partition_key, fresh.partition_urgent, fresh.id FROM fresh
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
@@ -252,7 +254,7 @@ woken AS (
 ),
 fresh_partitions AS (
     -- Per partition of the new jobs: urgent or lazy (see the top).
-    SELECT grouped.partition_key, grouped.ready,
+    SELECT grouped.partition_key, grouped.ready, grouped.id,
         NOT COALESCE((
             SELECT part.head_id IS NOT NULL
                 AND part.head_id IS DISTINCT FROM part.running_id
@@ -263,7 +265,8 @@ fresh_partitions AS (
             LIMIT 1
         ), false) AS urgent
     FROM (
-        SELECT inserted.partition_key, bool_or(inserted.available_at <= now()) AS ready
+        SELECT inserted.partition_key, bool_or(inserted.available_at <= now()) AS ready,
+            min(inserted.id) AS id
         FROM inserted
         WHERE inserted.partition_key IS NOT NULL
         GROUP BY inserted.partition_key
@@ -293,8 +296,9 @@ fresh_keys AS (
     ) AS grouped
 ),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
-    SELECT fresh_partitions.partition_key, fresh_partitions.urgent FROM fresh_partitions
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent, job_id)
+    SELECT fresh_partitions.partition_key, fresh_partitions.urgent, fresh_partitions.id
+    FROM fresh_partitions
 ),
 signalled_keys AS (
     INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
@@ -389,7 +393,7 @@ woken AS (
 fresh AS (
     -- A new job only (a pending one whose start a debounce moved is signalled by the
     -- triggers on available_at of migrations 0004 and 0011): urgent or lazy, see the top.
-    SELECT upserted.queue, upserted.available_at <= now() AS ready,
+    SELECT upserted.queue, upserted.available_at <= now() AS ready, upserted.id,
         upserted.partition_key, NOT COALESCE((
             SELECT part.head_id IS NOT NULL
                 AND part.head_id IS DISTINCT FROM part.running_id
@@ -416,8 +420,8 @@ fresh AS (
       AND upserted.created
 ),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent)
-    SELECT fresh.partition_key, fresh.partition_urgent FROM fresh
+    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent, job_id)
+    SELECT fresh.partition_key, fresh.partition_urgent, fresh.id FROM fresh
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (

@@ -14,7 +14,10 @@
 --   reaper skips locked rows too).
 -- * A statement that moves a partitioned job refreshes its partition row in the same
 --   transaction (django_pgqueue_refresh_partitions, migration 0004), taking partition
---   locks in key order after its job locks; the claim takes both with SKIP LOCKED.
+--   locks in key order after its job locks; the claim takes both with SKIP LOCKED. It
+--   passes the jobs it moved (migration 0024): the refresh reads the partition's jobs
+--   from the least of those, the row's next job and its running job, so the index
+--   entries of the partition's earlier jobs are not walked.
 -- * Likewise a statement that moves a job under a concurrency limit recounts its key's
 --   row (django_pgqueue_refresh_concurrency, migration 0011), after its partition rows,
 --   and passes the flow channel (notices.flow_channel): a key that drops under its limit
@@ -713,7 +716,7 @@ WITH taken AS (
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED
     ))
-    RETURNING signal.partition_key
+    RETURNING signal.partition_key, signal.job_id
 ),
 taken_keys AS (
     DELETE FROM django_pgqueue_concurrency_signal AS signal
@@ -728,8 +731,13 @@ taken_keys AS (
     RETURNING signal.concurrency_key
 ),
 partitions AS (
-    SELECT django_pgqueue_refresh_partitions(ARRAY(SELECT taken.partition_key FROM taken))
-        AS refreshed
+    -- Each partition from the job its signal names (migration 0024), paired by one
+    -- aggregate.
+    SELECT django_pgqueue_refresh_partitions(
+        COALESCE(array_agg(taken.partition_key), '{}'),
+        COALESCE(array_agg(taken.job_id), '{}')
+    ) AS refreshed
+    FROM taken
 )
 SELECT partitions.refreshed + django_pgqueue_refresh_concurrency(
     -- No channel: the producer that signalled woke the queue itself.
@@ -792,10 +800,11 @@ SELECT (SELECT count(*) FROM woken_partitions)
 -- a next job), at most batch_size of each, oldest first (pgq_*_signal_lazy). Sent by
 -- each worker's housekeeping thread a few times a second, off the claim path. Under each
 -- row's lock, only a partition or key whose row no longer covers the new job (it changed
--- between the producer's look and its commit) is refreshed
--- (django_pgqueue_fold_partitions / _concurrency, migration 0015); a key this makes
--- startable wakes its queue's workers on channel. Returns how many signals were taken
--- and how many rows refreshed.
+-- between the producer's look and its commit: for a partition, its row names no next
+-- job other than the running one, or one newer than a job signalled) is refreshed
+-- (django_pgqueue_fold_partitions / _concurrency, migrations 0015 and 0024); a key this
+-- makes startable wakes its queue's workers on channel. Returns how many signals were
+-- taken and how many rows refreshed.
 WITH taken AS (
     DELETE FROM django_pgqueue_partition_signal AS signal
     WHERE signal.id = ANY (ARRAY(
@@ -806,7 +815,7 @@ WITH taken AS (
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED
     ))
-    RETURNING signal.partition_key
+    RETURNING signal.partition_key, signal.job_id
 ),
 taken_keys AS (
     DELETE FROM django_pgqueue_concurrency_signal AS signal
@@ -821,8 +830,11 @@ taken_keys AS (
     RETURNING signal.concurrency_key
 ),
 partitions AS (
-    SELECT django_pgqueue_fold_partitions(ARRAY(SELECT taken.partition_key FROM taken))
-        AS refreshed
+    SELECT django_pgqueue_fold_partitions(
+        COALESCE(array_agg(taken.partition_key), '{}'),
+        COALESCE(array_agg(taken.job_id), '{}')
+    ) AS refreshed
+    FROM taken
 )
 SELECT (SELECT count(*) FROM taken) + (SELECT count(*) FROM taken_keys) AS taken,
     partitions.refreshed + django_pgqueue_fold_concurrency(
@@ -853,7 +865,9 @@ WITH completed AS (
 )
 SELECT completed.id, completed.finished_at,
     CASE WHEN completed.partition_key IS NOT NULL THEN
-        django_pgqueue_refresh_partitions(ARRAY[completed.partition_key])
+        django_pgqueue_refresh_partitions(
+            ARRAY[completed.partition_key], ARRAY[completed.id]
+        )
     END AS partitions,
     CASE WHEN completed.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[completed.concurrency_key], %(flow_channel)s)
@@ -961,12 +975,15 @@ keys AS (
 refreshed AS (
     -- Called only when a job had a partition, like the function below.
     SELECT CASE WHEN cardinality(keys.keys) > 0 THEN
-        django_pgqueue_refresh_partitions(keys.keys)
+        django_pgqueue_refresh_partitions(keys.keys, keys.finished)
     ELSE 0 END AS partitions
     FROM (
-        SELECT ARRAY(
-            SELECT completed.partition_key FROM completed WHERE completed.partition_key IS NOT NULL
-        ) AS keys
+        -- Each with the job that left processing here (migration 0024), paired by one
+        -- aggregate.
+        SELECT COALESCE(array_agg(completed.partition_key), '{}') AS keys,
+            COALESCE(array_agg(completed.id), '{}') AS finished
+        FROM completed
+        WHERE completed.partition_key IS NOT NULL
     ) AS keys
 ),
 recounted AS (
@@ -1071,7 +1088,7 @@ WITH failed AS (
 )
 SELECT failed.id, failed.status, failed.available_at, failed.attempts, failed.max_attempts,
     CASE WHEN failed.partition_key IS NOT NULL THEN
-        django_pgqueue_refresh_partitions(ARRAY[failed.partition_key])
+        django_pgqueue_refresh_partitions(ARRAY[failed.partition_key], ARRAY[failed.id])
     END AS partitions,
     CASE WHEN failed.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[failed.concurrency_key], %(flow_channel)s)
@@ -1174,7 +1191,7 @@ woken AS (
 )
 SELECT released.id, released.available_at, (SELECT count(*) FROM woken) AS notified,
     CASE WHEN released.partition_key IS NOT NULL THEN
-        django_pgqueue_refresh_partitions(ARRAY[released.partition_key])
+        django_pgqueue_refresh_partitions(ARRAY[released.partition_key], ARRAY[released.id])
     END AS partitions,
     CASE WHEN released.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[released.concurrency_key], %(flow_channel)s)
@@ -1279,7 +1296,7 @@ woken AS (
 SELECT snoozed.id, snoozed.status, snoozed.available_at, snoozed.snoozes,
     (SELECT count(*) FROM woken) AS notified,
     CASE WHEN snoozed.partition_key IS NOT NULL THEN
-        django_pgqueue_refresh_partitions(ARRAY[snoozed.partition_key])
+        django_pgqueue_refresh_partitions(ARRAY[snoozed.partition_key], ARRAY[snoozed.id])
     END AS partitions,
     CASE WHEN snoozed.concurrency_key IS NOT NULL THEN
         django_pgqueue_refresh_concurrency(ARRAY[snoozed.concurrency_key], %(flow_channel)s)
@@ -1342,12 +1359,15 @@ woken AS (
 refreshed AS (
     -- Called only when a job had a partition, like the function below.
     SELECT CASE WHEN cardinality(keys.keys) > 0 THEN
-        django_pgqueue_refresh_partitions(keys.keys)
+        django_pgqueue_refresh_partitions(keys.keys, keys.finished)
     ELSE 0 END AS partitions
     FROM (
-        SELECT ARRAY(
-            SELECT released.partition_key FROM released WHERE released.partition_key IS NOT NULL
-        ) AS keys
+        -- Each with the job that left processing here (migration 0024), paired by one
+        -- aggregate.
+        SELECT COALESCE(array_agg(released.partition_key), '{}') AS keys,
+            COALESCE(array_agg(released.id), '{}') AS finished
+        FROM released
+        WHERE released.partition_key IS NOT NULL
     ) AS keys
 ),
 recounted AS (

@@ -117,12 +117,15 @@ told AS (
 ),
 refreshed AS (
     SELECT CASE WHEN cardinality(keys.keys) > 0 THEN
-        django_pgqueue_refresh_partitions(keys.keys)
+        django_pgqueue_refresh_partitions(keys.keys, keys.finished)
     ELSE 0 END AS partitions
     FROM (
-        SELECT ARRAY(
-            SELECT reaped.partition_key FROM reaped WHERE reaped.partition_key IS NOT NULL
-        ) AS keys
+        -- Each with the job that left processing here (migration 0024), paired by one
+        -- aggregate.
+        SELECT COALESCE(array_agg(reaped.partition_key), '{}') AS keys,
+            COALESCE(array_agg(reaped.id), '{}') AS finished
+        FROM reaped
+        WHERE reaped.partition_key IS NOT NULL
     ) AS keys
 ),
 recounted AS (

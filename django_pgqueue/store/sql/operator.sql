@@ -189,8 +189,11 @@ woken AS (
 ),
 signalled AS (
     -- Blocked ones too: a blocked job holds its partition's turn.
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT DISTINCT retried.partition_key FROM retried WHERE retried.partition_key IS NOT NULL
+    -- Each naming its partition's oldest job retried here (migration 0024).
+    INSERT INTO django_pgqueue_partition_signal (partition_key, job_id)
+    SELECT retried.partition_key, min(retried.id) FROM retried
+    WHERE retried.partition_key IS NOT NULL
+    GROUP BY retried.partition_key
 ),
 signalled_keys AS (
     INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
@@ -254,8 +257,10 @@ woken AS (
     FROM (SELECT DISTINCT readied.queue FROM readied) AS ready
 ),
 signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT DISTINCT readied.partition_key FROM readied WHERE readied.partition_key IS NOT NULL
+    INSERT INTO django_pgqueue_partition_signal (partition_key, job_id)
+    SELECT readied.partition_key, min(readied.id) FROM readied
+    WHERE readied.partition_key IS NOT NULL
+    GROUP BY readied.partition_key
 ),
 signalled_keys AS (
     INSERT INTO django_pgqueue_concurrency_signal (concurrency_key)
@@ -338,9 +343,10 @@ told AS (
 signalled AS (
     -- A pending or blocked partitioned job that is cancelled may have been its
     -- partition's next job.
-    INSERT INTO django_pgqueue_partition_signal (partition_key)
-    SELECT DISTINCT cancelled.partition_key FROM cancelled
+    INSERT INTO django_pgqueue_partition_signal (partition_key, job_id)
+    SELECT cancelled.partition_key, min(cancelled.id) FROM cancelled
     WHERE cancelled.partition_key IS NOT NULL AND cancelled.status = 'cancelled'
+    GROUP BY cancelled.partition_key
 ),
 busy AS (
     -- Cancellable, but locked by someone else at this instant.

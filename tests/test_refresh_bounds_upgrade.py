@@ -1,0 +1,130 @@
+"""The upgrade to migration 0024 on a live partitioned queue: a rolling deploy.
+
+The test database goes back to migration 0023. A worker running the previous release's
+code (``git archive`` of the commit before 0024) drains partitioned jobs whose signals
+name no job, while ``migrate`` runs; a worker of this release joins, producers of both
+kinds keep enqueueing (the SQL function before and after the migration, and this
+release's statements), the old worker leaves. At the end every job ran exactly once, and
+in each partition one job at a time, in id order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.values import JobSpec
+from tests.ledger import entries
+from tests.releases import checkout, previous_release
+from tests.workers import WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.soak]
+
+PARTITIONS = 20
+#: Jobs per batch; three batches: before the migration, during it, after it.
+BATCH = 300
+TASK = "tests.tasks.ledger_sleep"
+
+
+def _enqueue_sql(conn, label: str) -> None:
+    """BATCH jobs over PARTITIONS keys through the SQL function (either release's)."""
+    conn.execute(
+        "SELECT django_pgqueue_enqueue(%s, kwargs => jsonb_build_object('label', %s || g), "
+        "partition_key => 'part-' || (g %% %s)) FROM generate_series(1, %s) AS g",
+        [TASK, label, PARTITIONS, BATCH],
+    )
+
+
+def _succeeded(conn) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
+        [TASK],
+    ).fetchone()[0]
+
+
+def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, open_connection):
+    conn = open_connection()
+    call_command("migrate", "django_pgqueue", "0023", verbosity=0)
+    try:
+        _enqueue_sql(conn, "before-")
+        (signals,) = conn.execute("SELECT count(*) FROM django_pgqueue_partition_signal").fetchone()
+        assert signals == BATCH
+        with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
+            checkout(previous_release("0024_refresh_from_bounds"), Path(old_tree))
+            old = WorkerProcess(
+                db_url, "--queue", "default", "--concurrency", "4", cwd=Path(old_tree)
+            )
+            new = None
+            try:
+                wait_for(
+                    lambda: _succeeded(conn) > 30,
+                    timeout=120,
+                    message=f"the old worker to run jobs\n{old.output()}",
+                )
+                call_command("migrate", "django_pgqueue", verbosity=0)
+                connections.close_all()
+                # The SQL function now names each signal's job; the old worker folds
+                # those signals with the functions it knows.
+                _enqueue_sql(conn, "during-")
+                new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
+                producer = QueueStore(PsycopgRunner(open_connection(), "default"))
+                producer.enqueue_many(
+                    [
+                        JobSpec(
+                            TASK,
+                            kwargs={"label": f"after-{n}"},
+                            partition_key=f"part-{n % PARTITIONS}",
+                        )
+                        for n in range(BATCH)
+                    ]
+                )
+                wait_for(
+                    lambda: _succeeded(conn) > BATCH + 30,
+                    timeout=120,
+                    message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
+                )
+                old.stop()
+                wait_for(
+                    lambda: _succeeded(conn) == 3 * BATCH,
+                    timeout=300,
+                    message=f"every job to succeed\n{new.output()}",
+                )
+            finally:
+                old.stop()
+                if new is not None:
+                    new.stop()
+        ledger = entries(conn)
+        starts = [entry for entry in ledger if entry["event"] == "start"]
+        assert len(starts) == 3 * BATCH
+        assert len({entry["job_id"] for entry in starts}) == 3 * BATCH, "a job ran twice"
+        workers = {entry["worker_pid"] for entry in starts}
+        assert len(workers) >= 2, "the old and the new worker both ran jobs"
+        partition_of = dict(
+            conn.execute(
+                "SELECT id, partition_key FROM django_pgqueue_job_all WHERE task_path = %s",
+                [TASK],
+            ).fetchall()
+        )
+        runs: dict[str, list[tuple[object, object, int]]] = defaultdict(list)
+        ends = {entry["job_id"]: entry["at"] for entry in ledger if entry["event"] == "end"}
+        for entry in starts:
+            runs[partition_of[entry["job_id"]]].append(
+                (entry["at"], ends[entry["job_id"]], entry["job_id"])
+            )
+        for key, partition_runs in runs.items():
+            partition_runs.sort()
+            ids = [job_id for _, _, job_id in partition_runs]
+            assert ids == sorted(ids), f"partition {key} ran out of id order: {ids}"
+            for (_, ended, _), (started, _, _) in itertools.pairwise(partition_runs):
+                assert started >= ended, f"partition {key} ran two jobs at once"
+    finally:
+        connections.close_all()
+        call_command("migrate", "django_pgqueue", verbosity=0)
