@@ -99,10 +99,18 @@ def test_the_lazy_fold_locks_in_key_order_beside_a_statement_that_does(
     table, setup, first = case
     key_column = "partition_key" if table == "partition" else "concurrency_key"
     observer.execute(setup)
-    observer.execute(
-        f"INSERT INTO django_pgqueue_{table}_signal ({key_column}, urgent)"
-        " VALUES ('a', false), ('b', false)"
-    )
+    if table == "partition":
+        # Each names a job behind 'b''s next job (2), as a producer's lazy signal does: a
+        # signal naming no job makes the fold refresh its partition (migration 0024).
+        observer.execute(
+            "INSERT INTO django_pgqueue_partition_signal (partition_key, urgent, job_id)"
+            " VALUES ('a', false, 3), ('b', false, 3)"
+        )
+    else:
+        observer.execute(
+            "INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)"
+            " VALUES ('a', false), ('b', false)"
+        )
     holder = open_connection()
     fold_store = make_store()
     fold_pid = fold_store.runner.connection.info.backend_pid
