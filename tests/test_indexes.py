@@ -420,14 +420,28 @@ def test_generic_plans_made_on_a_new_database_stay_safe(open_connection):
     # empty and have never been analyzed (PostgreSQL then costs a table at ten pages):
     # the plans must still read through their indexes once the tables hold millions.
     conn = open_connection(prepare=False)
-    conn.execute("TRUNCATE django_pgqueue_job, django_pgqueue_job_history, django_pgqueue_job_key")
-    never_analyzed = conn.execute(
+    # Autovacuum analyzes the job table soon after a test empties it: an ANALYZE between
+    # the TRUNCATE and the plans would plan an analyzed-empty table with the column
+    # statistics of rows gone (a case of its own, see the note in performance.md), not a
+    # new database. Plans made while that happened are made again.
+    for _attempt in range(5):
+        conn.execute(
+            "TRUNCATE django_pgqueue_job, django_pgqueue_job_history, django_pgqueue_job_key"
+        )
+        assert _never_analyzed(conn) == 2
+        problems = [problem for problem in _problems(conn) if problem.startswith("generic")]
+        if _never_analyzed(conn) == 2:
+            break
+    else:
+        pytest.fail("autovacuum analyzed the job tables during every attempt")
+    assert not problems, "\n".join(problems)
+
+
+def _never_analyzed(conn) -> int:
+    return conn.execute(
         "SELECT count(*) FROM pg_class WHERE relname IN "
         "('django_pgqueue_job', 'django_pgqueue_job_key') AND reltuples < 0"
     ).fetchone()[0]
-    assert never_analyzed == 2
-    problems = [problem for problem in _problems(conn) if problem.startswith("generic")]
-    assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("analyzed", [True, False], ids=["analyzed-empty", "never-analyzed"])
