@@ -5,7 +5,8 @@ beside a plain Python model (``tests/queue_model.py``) of what each must do:
 
 - enqueue with any mix of partition key, concurrency key and limit, rate limit, coalesce
   key and ``after=``, one at a time or in batches, or from SQL (django_pgqueue_enqueue);
-  priorities and delays;
+  priorities and delays; a producer whose transaction stays open across other steps
+  (its partitioned jobs commit behind newer ones that already ran, or roll back);
 - claims by several workers (full rounds, plain rounds, a batched task's mates, and two
   workers at once on two connections), and what a worker does with a lease: complete
   (alone or batched), fail (permanently or not), time out (the handler keeps running
@@ -117,6 +118,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     store: QueueStore  # set by the test before the machine runs
     second: QueueStore  # another connection, for claims at the same time
+    producer: QueueStore  # a producer's connection, its transaction left open at will
 
     leases = Bundle("leases")
     jobs = Bundle("jobs")
@@ -140,6 +142,13 @@ class QueueMachine(RuleBasedStateMachine):
         self.floors: dict[tuple[str, str], ClaimFloor] = {}
         #: ... and its last partitioned or key-limited job: its partition and key floors.
         self.flow_floors: dict[tuple[str, str, str], ClaimFloor] = {}
+        #: Jobs a producer enqueued in its transaction, still open (not yet committed).
+        self.uncommitted: list[tuple[int, str, int, str]] = []
+        #: Partitions a late producer's job joined with a lazy signal that no fold has
+        #: read yet: their rows may still name a newer job (see check_claim).
+        self.lagging: set[str] = set()
+        #: Late jobs committed after a newer job of their partition had started.
+        self.overtaken: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -216,6 +225,10 @@ class QueueMachine(RuleBasedStateMachine):
             model.lease = job.lease
             model.lease_expires = self.now + LEASE_SECONDS
             model.generations.append(job.lease_generation)
+            self.lagging.discard(model.partition)  # type: ignore[arg-type]
+            if job.id in self.overtaken:
+                self.overtaken.discard(job.id)
+                self.checked["a late producer's job ran in its turn"] += 1
             if model.key == RATED:
                 self.model.rate_starts.append(self.now)
             floor = ClaimFloor.after(job)
@@ -239,6 +252,11 @@ class QueueMachine(RuleBasedStateMachine):
         rows = self.db_rows()
         available = {job_id: row["available_at"] for job_id, row in rows.items()}
         expected = {queue: self.model.claimable(queue, available) for queue in queues}
+        # A partition whose late job's lazy signal is not folded yet may be passed over
+        # (its row names a newer job, which the claim refuses), never run out of turn.
+        optional = {
+            job.id for jobs in expected.values() for job in jobs if job.partition in self.lagging
+        }
         partitions = [job.partition_key for job in claimed if job.partition_key is not None]
         assert len(partitions) == len(set(partitions)), "two jobs of one partition at once"
         keys = Counter(job.concurrency_key for job in claimed if job.concurrency_key)
@@ -261,7 +279,9 @@ class QueueMachine(RuleBasedStateMachine):
             assert len(took) <= per_queue
             if not exact:
                 continue
-            candidates = expected[queue]
+            candidates = [
+                job for job in expected[queue] if job.id not in optional or job.id in took
+            ]
             # Liveness: free capacity left behind no claimable job of the queue.
             assert len(took) == min(per_queue, len(candidates)), (
                 f"took {took} from {queue!r} but these were claimable: "
@@ -356,6 +376,97 @@ class QueueMachine(RuleBasedStateMachine):
         for outcome, priority in zip(outcomes, priorities, strict=True):
             self.add_job(outcome.id, queue, priority, 2, **flow)
         return multiple(*(outcome.id for outcome in outcomes))
+
+    @precondition(lambda self: len(self.uncommitted) < 3)
+    @rule(
+        target=leases,
+        queue=st.sampled_from(QUEUES),
+        # p3 is the late producers' own: its newer jobs are soon next, and run first.
+        partition=st.sampled_from(("p1", "p3", "p3")),
+        priority=st.sampled_from((-5, 0, 5)),
+        between=st.booleans(),
+    )
+    def enqueue_uncommitted(self, queue: str, partition: str, priority: int, between: bool) -> Any:
+        """A producer enqueues inside its own transaction and keeps it open: its job's id
+        is taken now, but nothing sees the job until the commit, while every other rule
+        (claims, completions, the reaper, operators, folds) goes on, so the partition's
+        newer jobs can run before it and its row move past it.
+
+        ``between``: the job is put between two of its partition's: an older one,
+        already in the partition's row (so the producer's signal is lazy), and a newer
+        one; then a worker claims from the queue. Once the older one finishes, the row
+        names the newer one as next, and the late job commits behind it: the case a
+        lazy fold must not skip (migration 0024)."""
+        if between:
+            older = self.store.enqueue(
+                JobSpec("tests.tasks.noop", queue=queue, max_attempts=2, partition_key=partition)
+            )
+            self.add_job(older.id, queue, 0, 2, partition_key=partition)
+            self.store.fold_signals()  # as a claim would: the row names its next job
+        conn = self.producer.runner.connection  # type: ignore[attr-defined]
+        if not self.uncommitted:
+            conn.execute("BEGIN")
+        outcome = self.producer.enqueue(
+            JobSpec(
+                "tests.tasks.noop",
+                queue=queue,
+                priority=priority,
+                max_attempts=2,
+                partition_key=partition,
+            )
+        )
+        self.uncommitted.append((outcome.id, queue, priority, partition))
+        self.checked["enqueued in an open transaction"] += 1
+        if not between:
+            return multiple()
+        newer = self.store.enqueue(
+            JobSpec("tests.tasks.noop", queue=queue, max_attempts=2, partition_key=partition)
+        )
+        self.add_job(newer.id, queue, 0, 2, partition_key=partition)
+        claimed = self.store.claim("w1", [queue], per_queue=3, lease_seconds=LEASE_SECONDS)
+        self.check_claim(claimed, (queue,), 3, exact=True)
+        self.take(claimed, "w1")
+        return multiple(*(job.lease for job in claimed))
+
+    @precondition(lambda self: self.uncommitted)
+    @rule(target=jobs, commit=st.booleans())
+    def end_producer_transaction(self, commit: bool) -> Any:
+        """The producer commits (its jobs join their partitions, possibly behind jobs
+        that already ran) or rolls back (no job, and no signal, is left)."""
+        return multiple(*self._end_producer_transaction(commit))
+
+    def _end_producer_transaction(self, commit: bool) -> list[int]:
+        conn = self.producer.runner.connection  # type: ignore[attr-defined]
+        ids = [job_id for job_id, *_ in self.uncommitted]
+        if not commit:
+            conn.execute("ROLLBACK")
+            self.uncommitted.clear()
+            assert not self.conn.execute(
+                "SELECT count(*) FROM django_pgqueue_partition_signal WHERE job_id = ANY(%s)",
+                [ids],
+            ).fetchone()[0]
+            return []
+        conn.execute("COMMIT")
+        self.checked["open transactions committed"] += 1
+        for job_id, queue, priority, partition in self.uncommitted:
+            self.add_job(job_id, queue, priority, 2, partition_key=partition)
+            overtaken = any(
+                job.partition == partition and job.id > job_id and job.attempts
+                for job in self.model.jobs.values()
+            )
+            if overtaken:
+                self.checked["a late producer's job committed behind newer ones"] += 1
+                self.overtaken.add(job_id)
+        self.uncommitted.clear()
+        lazy = self.conn.execute(
+            "SELECT DISTINCT partition_key FROM django_pgqueue_partition_signal "
+            "WHERE job_id = ANY(%s) AND NOT urgent",
+            [ids],
+        ).fetchall()
+        self.lagging.update(partition for (partition,) in lazy)
+        if lazy:
+            self.checked["a late producer's lazy signal waited for a fold"] += 1
+        return ids
 
     @precondition(lambda self: self.model.jobs)
     @rule(
@@ -873,6 +984,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def fold_lazy_signals(self) -> None:
         self.store.fold_lazy_signals()
+        self.lagging.clear()
 
     @precondition(lambda self: self.model.jobs)
     @rule(seconds=st.sampled_from((100, 200, 1000)))
@@ -944,6 +1056,8 @@ class QueueMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         """Drain: every job must be able to finish once operators stop interfering."""
         try:
+            if self.uncommitted:
+                self._end_producer_transaction(commit=True)
             for queue in list(self.model.paused):
                 self.store.resume_queue(queue)
             self.model.paused.clear()
@@ -955,6 +1069,7 @@ class QueueMachine(RuleBasedStateMachine):
                     self.store.complete_many_outcomes(job.lease.worker_id, [(job.lease, "null")])
                     self.model.end_attempt(job, JobStatus.SUCCEEDED)
                 self.store.fold_lazy_signals()
+                self.lagging.clear()
                 self.conn.execute(SHIFT, {"s": 1000})
                 self.model.now += 1000
                 claimed = self.store.claim(
@@ -993,12 +1108,15 @@ def _claim_at_once(
 def test_every_feature_and_operator_action_together_matches_the_model(store, make_store):
     QueueMachine.store = store
     QueueMachine.second = make_store()
+    QueueMachine.producer = make_store()
     checked: Counter[str] = Counter()
 
     class Recording(QueueMachine):
         def teardown(self) -> None:
-            checked.update(self.checked)
-            super().teardown()
+            try:
+                super().teardown()
+            finally:  # the drain's checks count too
+                checked.update(self.checked)
 
     run_state_machine_as_test(
         Recording,
@@ -1025,6 +1143,8 @@ def test_every_feature_and_operator_action_together_matches_the_model(store, mak
         "snoozed",
         "snooze over its cap dead-lettered",
         "enqueued from SQL",
+        "a late producer's job committed behind newer ones",
+        "a late producer's job ran in its turn",
         "floor rounds took the best jobs after their floors",
         "batch mates from a floor were the best after it",
         "partitions and keys from floors sorted after them",
