@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -86,14 +88,22 @@ def readme_project(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
 
 
 @pytest.fixture
-def fresh_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+def fresh_server() -> Iterator[EmbeddedPostgres]:
     """Return a PostgreSQL server started empty for the test, stopped afterwards."""
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("server"))
+    # Not under pytest's temporary folder: as root, the server runs as a service user who
+    # must traverse every folder above its data, and any pytest run starting meanwhile (CI
+    # runs two side by side) closes /tmp/pytest-of-root to its owner again, after which
+    # pg_ctl cannot reach the data folder to stop the server.
+    folder = Path(tempfile.mkdtemp(prefix="pgqueue-fresh-server-"))
+    server = EmbeddedPostgres(folder)
     server.start()
     try:
         yield server
     finally:
-        server.stop("immediate")
+        try:
+            server.stop("immediate")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_the_readme_quick_start_runs_as_written(readme_project):
