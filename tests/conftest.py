@@ -149,6 +149,7 @@ SERVER_SIDE = frozenset(
         "test_reaper.py",
         "test_recorder.py",
         "test_refresh_bounds.py",
+        "test_key_fold_order.py",
         "test_refresh_bounds_upgrade.py",
         "test_schedule_cadence.py",
         "test_schedule_firing.py",

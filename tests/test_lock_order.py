@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.values import JobSpec
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -107,6 +108,18 @@ def test_the_lazy_fold_locks_in_key_order_beside_a_statement_that_does(
             " VALUES ('a', false, 3), ('b', false, 3)"
         )
     else:
+        # 'b''s row names the key's best ready job, as a refresh leaves it: a row naming
+        # another makes the fold refresh the key (migration 0025).
+        best = (
+            make_store()
+            .enqueue(JobSpec("tests.tasks.noop", concurrency_key="b", concurrency_limit=1))
+            .job
+        )
+        observer.execute("DELETE FROM django_pgqueue_concurrency_signal")
+        observer.execute(
+            "UPDATE django_pgqueue_concurrency SET head_id = %s WHERE concurrency_key = 'b'",
+            [best.pk],
+        )
         observer.execute(
             "INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)"
             " VALUES ('a', false), ('b', false)"

@@ -801,10 +801,11 @@ SELECT (SELECT count(*) FROM woken_partitions)
 -- each worker's housekeeping thread a few times a second, off the claim path. Under each
 -- row's lock, only a partition or key whose row no longer covers the new job (it changed
 -- between the producer's look and its commit: for a partition, its row names no next
--- job other than the running one, or one newer than a job signalled) is refreshed
--- (django_pgqueue_fold_partitions / _concurrency, migrations 0015 and 0024); a key this
--- makes startable wakes its queue's workers on channel. Returns how many signals were
--- taken and how many rows refreshed.
+-- job other than the running one, or one newer than a job signalled; for a key under
+-- its limit, its row names no ready job, or not the key's best ready one) is refreshed
+-- (django_pgqueue_fold_partitions / _concurrency, migrations 0015, 0024 and 0025); a
+-- key this makes startable wakes its queue's workers on channel. Returns how many
+-- signals were taken and how many rows refreshed.
 WITH taken AS (
     DELETE FROM django_pgqueue_partition_signal AS signal
     WHERE signal.id = ANY (ARRAY(
