@@ -6,7 +6,8 @@ beside a plain Python model (``tests/queue_model.py``) of what each must do:
 - enqueue with any mix of partition key, concurrency key and limit, rate limit, coalesce
   key and ``after=``, one at a time or in batches, or from SQL (django_pgqueue_enqueue);
   priorities and delays; a producer whose transaction stays open across other steps
-  (its partitioned jobs commit behind newer ones that already ran, or roll back);
+  (its partitioned jobs commit behind newer ones that already ran, its key jobs while
+  their key runs and its row has moved on, or it rolls back);
 - claims by several workers (full rounds, plain rounds, a batched task's mates, and two
   workers at once on two connections), and what a worker does with a lease: complete
   (alone or batched), fail (permanently or not), time out (the handler keeps running
@@ -96,6 +97,8 @@ FLOWS = (
 #: A concurrency key's jobs share a queue (a key is claimed through the queue of its next
 #: job, see docs/howto/flow-control.md): the model keeps each key in one.
 KEY_QUEUES = {"k1": "default", "k2": "emails", RATED: "default"}
+#: Each key's flow, as FLOWS gives it (its limit, or the rated key's rate).
+KEY_FLOWS = {flow["concurrency_key"]: flow for flow in FLOWS if "concurrency_key" in flow}
 SHIFT = """
 WITH jobs AS (
     UPDATE django_pgqueue_job SET
@@ -142,13 +145,21 @@ class QueueMachine(RuleBasedStateMachine):
         self.floors: dict[tuple[str, str], ClaimFloor] = {}
         #: ... and its last partitioned or key-limited job: its partition and key floors.
         self.flow_floors: dict[tuple[str, str, str], ClaimFloor] = {}
-        #: Jobs a producer enqueued in its transaction, still open (not yet committed).
-        self.uncommitted: list[tuple[int, str, int, str]] = []
+        #: Jobs a producer enqueued in its transaction, still open (not yet committed),
+        #: each with its flow (a partition key, or a concurrency key and its limit).
+        self.uncommitted: list[tuple[int, str, int, dict[str, Any]]] = []
+        #: The concurrency signals that transaction wrote (they name no job: by id).
+        self.uncommitted_signals: list[int] = []
         #: Partitions a late producer's job joined with a lazy signal that no fold has
         #: read yet: their rows may still name a newer job (see check_claim).
         self.lagging: set[str] = set()
         #: Late jobs committed after a newer job of their partition had started.
         self.overtaken: set[int] = set()
+        #: Keys a late producer's job joined with a lazy signal that no fold has read
+        #: yet: their rows may name no next job that can start (see check_claim).
+        self.lagging_keys: set[str] = set()
+        #: Late key jobs committed, not started yet.
+        self.late_key_jobs: set[int] = set()
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -229,6 +240,12 @@ class QueueMachine(RuleBasedStateMachine):
             if job.id in self.overtaken:
                 self.overtaken.discard(job.id)
                 self.checked["a late producer's job ran in its turn"] += 1
+            # A claim that took from a key read its jobs from the job table, and left
+            # its row naming the next one of them.
+            self.lagging_keys.discard(model.key)
+            if job.id in self.late_key_jobs:
+                self.late_key_jobs.discard(job.id)
+                self.checked["a late producer's key job ran"] += 1
             if model.key == RATED:
                 self.model.rate_starts.append(self.now)
             floor = ClaimFloor.after(job)
@@ -254,8 +271,18 @@ class QueueMachine(RuleBasedStateMachine):
         expected = {queue: self.model.claimable(queue, available) for queue in queues}
         # A partition whose late job's lazy signal is not folded yet may be passed over
         # (its row names a newer job, which the claim refuses), never run out of turn.
+        # Likewise a key (its row may name no job that can start, or one that sorts
+        # after the late job: it was refreshed while the late job was not committed),
+        # unless this claim took from it: a claim takes a key's jobs from the job
+        # table, in claim order. Once a fold has read its signal, the key competes at
+        # its best job's place again (migration 0025).
+        took_keys = {job.concurrency_key for job in claimed}
         optional = {
-            job.id for jobs in expected.values() for job in jobs if job.partition in self.lagging
+            job.id
+            for jobs in expected.values()
+            for job in jobs
+            if job.partition in self.lagging
+            or (job.key in self.lagging_keys and job.key not in took_keys)
         }
         partitions = [job.partition_key for job in claimed if job.partition_key is not None]
         assert len(partitions) == len(set(partitions)), "two jobs of one partition at once"
@@ -415,7 +442,7 @@ class QueueMachine(RuleBasedStateMachine):
                 partition_key=partition,
             )
         )
-        self.uncommitted.append((outcome.id, queue, priority, partition))
+        self.uncommitted.append((outcome.id, queue, priority, {"partition_key": partition}))
         self.checked["enqueued in an open transaction"] += 1
         if not between:
             return multiple()
@@ -428,16 +455,82 @@ class QueueMachine(RuleBasedStateMachine):
         self.take(claimed, "w1")
         return multiple(*(job.lease for job in claimed))
 
+    @precondition(lambda self: len(self.uncommitted) < 3)
+    @rule(
+        target=leases,
+        key=st.sampled_from(("k1", "k2", "k2", RATED)),
+        priority=st.sampled_from((-5, 0, 5)),
+        around=st.booleans(),
+        finish=st.booleans(),
+    )
+    def uncommitted_key_job(self, key: str, priority: int, around: bool, finish: bool) -> Any:
+        """The producer's open transaction enqueues a job under a concurrency key: the
+        key's other jobs start and finish meanwhile, and the late one commits while
+        they run (the limit holds all along) or rolls back (no job, no signal).
+
+        ``around``: the job is put between two of its key's, one ahead at the highest
+        priority, already its row's next job (so the producer's signal is lazy), and
+        one behind at the lowest; then a worker claims from the key's queue. The job
+        ahead runs (k1 is then at its limit; k2 may take the one behind too), and the
+        row moves on to the job behind, or to none, without the late job: what it says
+        when the late job commits is what a lazy fold has to read again. ``finish``:
+        what the worker took finishes at once, so the key may have nothing running and
+        no row when the late job commits: then nothing but the fold refreshes it."""
+        queue = KEY_QUEUES[key]
+        flow = KEY_FLOWS[key]
+        if around:
+            ahead = self.store.enqueue(
+                JobSpec("tests.tasks.noop", queue=queue, priority=5, max_attempts=2, **flow)
+            )
+            self.add_job(ahead.id, queue, 5, 2, **flow)
+            self.store.fold_signals()  # as a claim would: the row names its next job
+        conn = self.producer.runner.connection  # type: ignore[attr-defined]
+        if not self.uncommitted:
+            conn.execute("BEGIN")
+        outcome = self.producer.enqueue(
+            JobSpec("tests.tasks.noop", queue=queue, priority=priority, max_attempts=2, **flow)
+        )
+        # Its own signal, seen only from inside the transaction.
+        signals = conn.execute(
+            "SELECT id FROM django_pgqueue_concurrency_signal "
+            "WHERE xmin = pg_current_xact_id()::xid AND concurrency_key = %s "
+            "AND id <> ALL(%s)",
+            [key, self.uncommitted_signals],
+        ).fetchall()
+        assert signals, f"no signal for the late job {outcome.id} of {key}"
+        self.uncommitted_signals.extend(signal_id for (signal_id,) in signals)
+        self.uncommitted.append((outcome.id, queue, priority, flow))
+        self.checked["enqueued a key job in an open transaction"] += 1
+        if not around:
+            return multiple()
+        behind = self.store.enqueue(
+            JobSpec("tests.tasks.noop", queue=queue, priority=-5, max_attempts=2, **flow)
+        )
+        self.add_job(behind.id, queue, -5, 2, **flow)
+        claimed = self.store.claim("w1", [queue], per_queue=3, lease_seconds=LEASE_SECONDS)
+        self.check_claim(claimed, (queue,), 3, exact=True)
+        self.take(claimed, "w1")
+        if finish:
+            self.store.complete_many_outcomes("w1", [(job.lease, "null") for job in claimed])
+            for job in claimed:
+                self.seen_status[job.id] = JobStatus.PROCESSING  # both moves in one step
+                self.model.end_attempt(self.model.jobs[job.id], JobStatus.SUCCEEDED)
+            return multiple()
+        return multiple(*(job.lease for job in claimed))
+
     @precondition(lambda self: self.uncommitted)
     @rule(target=jobs, commit=st.booleans())
     def end_producer_transaction(self, commit: bool) -> Any:
         """The producer commits (its jobs join their partitions, possibly behind jobs
-        that already ran) or rolls back (no job, and no signal, is left)."""
+        that already ran, and their keys, possibly while the keys' other jobs run) or
+        rolls back (no job, and no signal, is left)."""
         return multiple(*self._end_producer_transaction(commit))
 
     def _end_producer_transaction(self, commit: bool) -> list[int]:
         conn = self.producer.runner.connection  # type: ignore[attr-defined]
         ids = [job_id for job_id, *_ in self.uncommitted]
+        signal_ids = list(self.uncommitted_signals)
+        self.uncommitted_signals.clear()
         if not commit:
             conn.execute("ROLLBACK")
             self.uncommitted.clear()
@@ -445,11 +538,27 @@ class QueueMachine(RuleBasedStateMachine):
                 "SELECT count(*) FROM django_pgqueue_partition_signal WHERE job_id = ANY(%s)",
                 [ids],
             ).fetchone()[0]
+            assert not self.conn.execute(
+                "SELECT count(*) FROM django_pgqueue_concurrency_signal WHERE id = ANY(%s)",
+                [signal_ids],
+            ).fetchone()[0]
+            assert not self.conn.execute(
+                "SELECT count(*) FROM django_pgqueue_job_all WHERE id = ANY(%s)", [ids]
+            ).fetchone()[0]
             return []
         conn.execute("COMMIT")
         self.checked["open transactions committed"] += 1
-        for job_id, queue, priority, partition in self.uncommitted:
-            self.add_job(job_id, queue, priority, 2, partition_key=partition)
+        keys: set[str] = set()
+        for job_id, queue, priority, flow in self.uncommitted:
+            self.add_job(job_id, queue, priority, 2, **flow)
+            partition = flow.get("partition_key")
+            key = flow.get("concurrency_key")
+            if key is not None:
+                keys.add(key)
+                self.late_key_jobs.add(job_id)
+                if self.model.in_flight(key):
+                    self.checked["a late producer's key job committed while its key ran"] += 1
+                continue
             overtaken = any(
                 job.partition == partition and job.id > job_id and job.attempts
                 for job in self.model.jobs.values()
@@ -466,6 +575,28 @@ class QueueMachine(RuleBasedStateMachine):
         self.lagging.update(partition for (partition,) in lazy)
         if lazy:
             self.checked["a late producer's lazy signal waited for a fold"] += 1
+        lazy_keys = self.conn.execute(
+            "SELECT DISTINCT concurrency_key FROM django_pgqueue_concurrency_signal "
+            "WHERE id = ANY(%s) AND NOT urgent",
+            [signal_ids],
+        ).fetchall()
+        self.lagging_keys.update(key for (key,) in lazy_keys)
+        if lazy_keys:
+            self.checked["a late producer's lazy key signal waited for a fold"] += 1
+        # The commit started nothing: each key's row still counts exactly its running
+        # jobs, which a claim adds to against its limit.
+        for key in sorted(keys):
+            running = self.conn.execute(
+                "SELECT count(*) FROM django_pgqueue_job "
+                "WHERE concurrency_key = %s AND status = 'processing'",
+                [key],
+            ).fetchone()[0]
+            assert running == self.model.in_flight(key) <= self.model.limit_of(key)
+            row = self.conn.execute(
+                "SELECT in_flight FROM django_pgqueue_concurrency WHERE concurrency_key = %s",
+                [key],
+            ).fetchone()
+            assert (0 if row is None else row[0]) == running, f"key {key}: {row}, {running} run"
         return ids
 
     @precondition(lambda self: self.model.jobs)
@@ -985,6 +1116,7 @@ class QueueMachine(RuleBasedStateMachine):
     def fold_lazy_signals(self) -> None:
         self.store.fold_lazy_signals()
         self.lagging.clear()
+        self.lagging_keys.clear()
 
     @precondition(lambda self: self.model.jobs)
     @rule(seconds=st.sampled_from((100, 200, 1000)))
@@ -1070,6 +1202,7 @@ class QueueMachine(RuleBasedStateMachine):
                     self.model.end_attempt(job, JobStatus.SUCCEEDED)
                 self.store.fold_lazy_signals()
                 self.lagging.clear()
+                self.lagging_keys.clear()
                 self.conn.execute(SHIFT, {"s": 1000})
                 self.model.now += 1000
                 claimed = self.store.claim(
@@ -1145,6 +1278,9 @@ def test_every_feature_and_operator_action_together_matches_the_model(store, mak
         "enqueued from SQL",
         "a late producer's job committed behind newer ones",
         "a late producer's job ran in its turn",
+        "a late producer's key job committed while its key ran",
+        "a late producer's lazy key signal waited for a fold",
+        "a late producer's key job ran",
         "floor rounds took the best jobs after their floors",
         "batch mates from a floor were the best after it",
         "partitions and keys from floors sorted after them",
