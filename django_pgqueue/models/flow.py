@@ -235,6 +235,13 @@ class ConcurrencySignal(models.Model):
         db_default=True,
         db_comment="The claim folds it (a job may be able to start); else housekeeping.",
     )
+    job_id = models.BigIntegerField(
+        _("job"),
+        null=True,
+        blank=True,
+        db_comment="The best ready job signalled: the lazy fold compares it with the row's "
+        "next job. NULL: the fold asks the job table (a signal of an older release).",
+    )
 
     class Meta:
         db_table = "django_pgqueue_concurrency_signal"

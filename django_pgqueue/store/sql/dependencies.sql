@@ -90,7 +90,7 @@ fresh AS (
     -- A pending job only, urgent or lazy as in enqueue.sql. A blocked job needs no
     -- signal: it is the youngest of its partition, so it can only be the next job once
     -- the others have gone, and the statements that move them read the job table.
-    SELECT inserted.queue, inserted.available_at <= now() AS ready,
+    SELECT inserted.id, inserted.queue, inserted.available_at <= now() AS ready,
         inserted.partition_key, NOT EXISTS (
             SELECT 1 FROM django_pgqueue_partition AS part
             WHERE part.partition_key = inserted.partition_key
@@ -114,8 +114,8 @@ signalled AS (
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
-    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent, job_id)
+    SELECT fresh.concurrency_key, fresh.key_urgent, fresh.id FROM fresh
     WHERE fresh.concurrency_key IS NOT NULL
 ),
 flow_woken AS (

@@ -108,8 +108,8 @@ signalled AS (
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
-    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent, job_id)
+    SELECT fresh.concurrency_key, fresh.key_urgent, fresh.id FROM fresh
     WHERE fresh.concurrency_key IS NOT NULL
 ),
 flow_woken AS (
@@ -187,8 +187,8 @@ signalled AS (
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
-    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent, job_id)
+    SELECT fresh.concurrency_key, fresh.key_urgent, fresh.id FROM fresh
     WHERE fresh.concurrency_key IS NOT NULL
 ),
 flow_woken AS (
@@ -274,7 +274,7 @@ fresh_partitions AS (
 ),
 fresh_keys AS (
     -- Per concurrency key of the new jobs: urgent or lazy, by its best new job.
-    SELECT grouped.concurrency_key, grouped.ready,
+    SELECT grouped.concurrency_key, grouped.ready, grouped.best_ready_id,
         NOT COALESCE((
             SELECT (
                 conc.head_id IS NOT NULL
@@ -289,7 +289,11 @@ fresh_keys AS (
         ), false) AS urgent
     FROM (
         SELECT inserted.concurrency_key, bool_or(inserted.available_at <= now()) AS ready,
-            max(inserted.priority) AS priority
+            max(inserted.priority) AS priority,
+            -- The signal names the best of them that is ready (NULL: none is), which
+            -- the lazy fold compares with the key's row (migration 0025).
+            (array_agg(inserted.id ORDER BY inserted.priority DESC, inserted.available_at,
+                inserted.id) FILTER (WHERE inserted.available_at <= now()))[1] AS best_ready_id
         FROM inserted
         WHERE inserted.concurrency_key IS NOT NULL
         GROUP BY inserted.concurrency_key
@@ -301,8 +305,9 @@ signalled AS (
     FROM fresh_partitions
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
-    SELECT fresh_keys.concurrency_key, fresh_keys.urgent FROM fresh_keys
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent, job_id)
+    SELECT fresh_keys.concurrency_key, fresh_keys.urgent, fresh_keys.best_ready_id
+    FROM fresh_keys
 ),
 flow_woken AS (
     -- Urgent signals of ready jobs: workers claim with partitions and keys next.
@@ -425,8 +430,8 @@ signalled AS (
     WHERE fresh.partition_key IS NOT NULL
 ),
 signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent)
-    SELECT fresh.concurrency_key, fresh.key_urgent FROM fresh
+    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent, job_id)
+    SELECT fresh.concurrency_key, fresh.key_urgent, fresh.id FROM fresh
     WHERE fresh.concurrency_key IS NOT NULL
 ),
 flow_woken AS (

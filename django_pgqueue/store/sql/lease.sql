@@ -802,10 +802,10 @@ SELECT (SELECT count(*) FROM woken_partitions)
 -- row's lock, only a partition or key whose row no longer covers the new job (it changed
 -- between the producer's look and its commit: for a partition, its row names no next
 -- job other than the running one, or one newer than a job signalled; for a key under
--- its limit, its row names no ready job, or not the key's best ready one) is refreshed
--- (django_pgqueue_fold_partitions / _concurrency, migrations 0015, 0024 and 0025); a
--- key this makes startable wakes its queue's workers on channel. Returns how many
--- signals were taken and how many rows refreshed.
+-- its limit, its row names no ready job, or one a ready job signalled sorts before in
+-- claim order) is refreshed (django_pgqueue_fold_partitions / _concurrency, migrations
+-- 0015, 0024 and 0025); a key this makes startable wakes its queue's workers on
+-- channel. Returns how many signals were taken and how many rows refreshed.
 WITH taken AS (
     DELETE FROM django_pgqueue_partition_signal AS signal
     WHERE signal.id = ANY (ARRAY(
@@ -828,7 +828,7 @@ taken_keys AS (
         LIMIT %(batch_size)s
         FOR UPDATE SKIP LOCKED
     ))
-    RETURNING signal.concurrency_key
+    RETURNING signal.concurrency_key, signal.job_id
 ),
 partitions AS (
     SELECT django_pgqueue_fold_partitions(
@@ -836,12 +836,19 @@ partitions AS (
         COALESCE(array_agg(taken.job_id), '{}')
     ) AS refreshed
     FROM taken
+),
+keys AS (
+    -- Each key with the job its signal names (migration 0025), paired by one aggregate.
+    SELECT COALESCE(array_agg(taken_keys.concurrency_key), '{}') AS keys,
+        COALESCE(array_agg(taken_keys.job_id), '{}') AS job_ids
+    FROM taken_keys
 )
 SELECT (SELECT count(*) FROM taken) + (SELECT count(*) FROM taken_keys) AS taken,
     partitions.refreshed + django_pgqueue_fold_concurrency(
-        ARRAY(SELECT taken_keys.concurrency_key FROM taken_keys), %(flow_channel)s
+        keys.keys, keys.job_ids, %(flow_channel)s
     ) AS refreshed
 FROM partitions
+CROSS JOIN keys
 
 
 -- name: complete_if_leased
