@@ -11,7 +11,9 @@ lower-priority jobs. Found by the state model's late-producer rule for keys.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
+import psycopg
 import pytest
 from django.utils import timezone
 
@@ -42,31 +44,44 @@ def _head(key: str) -> int | None:
     return ConcurrencyKey.objects.get(pk=key).head_id
 
 
-def test_a_key_job_committed_after_its_row_moved_on_competes_at_its_priority(
-    store, open_connection
-):
+def _late_job_behind_a_moved_row(
+    store: QueueStore, open_connection: Any, *, name_no_job: bool = False
+) -> tuple[int, int, psycopg.Connection[Any]]:
+    """Key k's row names first (priority 5, ready), so a producer's priority-5 job is
+    signalled lazily; first starts and finishes before the producer commits, and the
+    refresh names the priority -5 job behind it. Another key has a priority-0 job.
+    ``name_no_job``: the producer's signals name no job, as the previous release's.
+    Return the other key's job, the late job and the producer's connection."""
     other = store.enqueue(_spec("other")).job
     first = store.enqueue(_spec("k", priority=5)).job
     store.fold_signals()
     conn = open_connection()
     producer = QueueStore(PsycopgRunner(conn, "default"))
     conn.execute("BEGIN")
-    # The row names first (priority 5, ready): the producer's signal is lazy.
     late = producer.enqueue(_spec("k", priority=5)).job
+    if name_no_job:
+        conn.execute("UPDATE django_pgqueue_concurrency_signal SET job_id = NULL")
     low = store.enqueue(_spec("k", priority=-5)).job
     (job,) = _claim_one(store)
     assert job.id == first.pk
     _complete(store, job)
     assert _head("k") == low.pk  # the refresh could not see the late job
     conn.execute("COMMIT")
+    return other.pk, late.pk, conn
+
+
+def test_a_key_job_committed_after_its_row_moved_on_competes_at_its_priority(
+    store, open_connection
+):
+    other, late, _ = _late_job_behind_a_moved_row(store, open_connection)
     assert store.fold_lazy_signals() == (2, 1)
-    assert _head("k") == late.pk
+    assert _head("k") == late
     # Priority 5 before the other key's 0 (before 0025: the other key's job, k ranked
     # at -5 until something refreshed it).
     (job,) = _claim_one(store)
-    assert job.id == late.pk
+    assert job.id == late
     _complete(store, job)
-    assert [job.id for job in _claim_one(store)] == [other.pk]
+    assert [job.id for job in _claim_one(store)] == [other]
 
 
 def test_a_lazy_signal_behind_the_rows_ready_job_refreshes_nothing(store):
@@ -109,23 +124,13 @@ def test_a_key_at_its_limit_is_left_to_the_completion(store, open_connection):
 def test_a_signal_of_an_older_release_is_compared_through_the_job_table(store, open_connection):
     """A signal naming no job (written by the previous release's producers): the fold
     looks the key's best ready job up and refreshes the row that does not name it."""
-    other = store.enqueue(_spec("other")).job
-    first = store.enqueue(_spec("k", priority=5)).job
-    store.fold_signals()
-    conn = open_connection()
-    producer = QueueStore(PsycopgRunner(conn, "default"))
-    conn.execute("BEGIN")
-    late = producer.enqueue(_spec("k", priority=5)).job
-    conn.execute("UPDATE django_pgqueue_concurrency_signal SET job_id = NULL")
-    store.enqueue(_spec("k", priority=-5))
-    (job,) = _claim_one(store)
-    assert job.id == first.pk
-    _complete(store, job)
-    conn.execute("COMMIT")
+    other, late, _ = _late_job_behind_a_moved_row(store, open_connection, name_no_job=True)
     assert store.fold_lazy_signals() == (2, 1)
-    assert _head("k") == late.pk
-    assert [job.id for job in _claim_one(store)] == [late.pk]
-    assert other.pk != late.pk
+    assert _head("k") == late
+    (job,) = _claim_one(store)
+    assert job.id == late
+    _complete(store, job)
+    assert [job.id for job in _claim_one(store)] == [other]
 
 
 def _signalled(store: QueueStore) -> list[tuple[str, int | None]]:
@@ -193,20 +198,9 @@ def test_under_a_held_snapshot_the_lazy_fold_reads_the_signalled_job_not_the_key
 def test_the_previous_releases_fold_refreshes_the_key_too(store, open_connection):
     """Workers of the previous release fold with the two-argument function, which reads
     the signals as naming no job."""
-    store.enqueue(_spec("other"))
-    first = store.enqueue(_spec("k", priority=5)).job
-    store.fold_signals()
-    conn = open_connection()
-    producer = QueueStore(PsycopgRunner(conn, "default"))
-    conn.execute("BEGIN")
-    late = producer.enqueue(_spec("k", priority=5)).job
-    store.enqueue(_spec("k", priority=-5))
-    (job,) = _claim_one(store)
-    assert job.id == first.pk
-    _complete(store, job)
-    conn.execute("COMMIT")
+    _, late, conn = _late_job_behind_a_moved_row(store, open_connection)
     (refreshed,) = conn.execute(
         "SELECT django_pgqueue_fold_concurrency(ARRAY['k'], NULL::text)"
     ).fetchone()
     assert refreshed == 1
-    assert _head("k") == late.pk
+    assert _head("k") == late

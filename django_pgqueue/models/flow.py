@@ -239,8 +239,8 @@ class ConcurrencySignal(models.Model):
         _("job"),
         null=True,
         blank=True,
-        db_comment="The best ready job signalled: the lazy fold compares it with the row's "
-        "next job. NULL: the fold asks the job table (a signal of an older release).",
+        db_comment="The job enqueued (of a bulk enqueue, the key's best ready one): the lazy "
+        "fold compares it with the row's next job. NULL: the fold asks the job table.",
     )
 
     class Meta:
