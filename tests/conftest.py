@@ -21,6 +21,7 @@ from django_pgqueue.store.pgconn import connect
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.tools.embedded import EmbeddedPostgresError, with_dbname
+from tests import key_indexes
 from tests.database import embedded_server, ensure_server, rebuild_embedded_server
 from tests.workers import WorkerProcess
 
@@ -150,6 +151,7 @@ SERVER_SIDE = frozenset(
         "test_recorder.py",
         "test_refresh_bounds.py",
         "test_key_fold_order.py",
+        "test_key_tables.py",
         "test_refresh_bounds_upgrade.py",
         "test_schedule_cadence.py",
         "test_schedule_firing.py",
@@ -267,6 +269,14 @@ def open_connection(transactional_db: None) -> Iterator[Callable[..., psycopg.Co
 def store(open_connection: Callable[..., psycopg.Connection[Any]]) -> QueueStore:
     """Return a QueueStore on its own autocommit connection (like a worker's)."""
     return QueueStore(PsycopgRunner(open_connection(), "default"))
+
+
+@pytest.fixture
+def without_unique_indexes(observer: psycopg.Connection[Any]) -> Iterator[None]:
+    """The job table without pgq_job_idempotency_key and pgq_job_coalesce_key (and the
+    coalesced enqueue's clause naming one), as a segmented job table will be."""
+    with key_indexes.without_unique_indexes(observer):
+        yield
 
 
 @pytest.fixture

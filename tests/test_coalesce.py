@@ -12,7 +12,6 @@ from django.db import connections, transaction
 from django_pgqueue import InvalidOption
 from django_pgqueue.models import HistoryJob, Job, LiveJob
 from django_pgqueue.states import JobStatus
-from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
 from tests import tasks
 from tests.workers import wait_for
@@ -188,34 +187,41 @@ def test_an_enqueue_racing_a_claim_waits_then_makes_a_new_job(make_store, observ
     assert second.snapshot.args == [2]
 
 
-def test_the_coalescing_lookups_use_their_partial_index(observer):
-    observer.execute("SET enable_seqscan = off")
-    params = {"coalesce_key": "reindex:42"}
-    text = QUERIES["select_by_coalesce_key"].text
-    plan = "\n".join(row[0] for row in observer.execute("EXPLAIN " + text, params).fetchall())
-    assert "pgq_job_coalesce_key" in plan
-    observer.execute("SET enable_seqscan = on")
-    with observer.transaction():
-        insert = QUERIES["enqueue_coalesced"].text
-        values = {
-            "channel": "x",
-            "flow_channel": "y",
-            "queue": "default",
-            "task_path": "tests.tasks.echo",
-            "args": "[]",
-            "kwargs": "{}",
-            "priority": 0,
-            "max_attempts": 3,
-            "available_at": None,
-            "partition_key": None,
-            "partition_bucket": None,
-            "traceparent": None,
-            "coalesce_key": "reindex:42",
-            "debounce_seconds": None,
-            "concurrency_key": None,
-            "concurrency_limit": None,
-            "rate_limit": None,
-            "rate_period": None,
-        }
-        plan = "\n".join(row[0] for row in observer.execute("EXPLAIN " + insert, values))
-    assert "Conflict Arbiter Indexes: pgq_job_coalesce_key" in plan
+def test_a_coalesced_enqueue_reads_its_holder_by_primary_key_under_a_held_snapshot(
+    make_store, open_connection
+):
+    """Every earlier holder a claim took leaves an entry in pgq_job_coalesce_key that a
+    held snapshot keeps; the enqueue finds the holder through the key's row instead
+    (migration 0026), so it reads none of them. The old statement's ON CONFLICT walked
+    every one."""
+    holder = open_connection()
+    holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+    holder.execute("SELECT count(*) FROM django_pgqueue_queue_pause").fetchone()
+    worker, producer = make_store(), make_store()
+    for round_ in range(50):
+        producer.enqueue(_spec(round_))
+        assert len(worker.claim("w", ["default"], per_queue=1, lease_seconds=30)) == 1
+    pending = producer.enqueue(_spec("pending"))
+    conn = producer.runner.connection
+    with conn.transaction(force_rollback=True):
+        before = _coalesce_index_entries(conn)
+        again = producer.enqueue(_spec("again"))
+        read = _coalesce_index_entries(conn) - before
+    assert (again.id, again.created) == (pending.id, False)
+    assert read == 0
+    # The control: a lookup by the key walks the kept entries.
+    with conn.transaction(force_rollback=True):
+        before = _coalesce_index_entries(conn)
+        conn.execute(
+            "SELECT id FROM django_pgqueue_job WHERE coalesce_key = 'reindex:42' "
+            "AND status = 'pending'"
+        ).fetchall()
+        assert _coalesce_index_entries(conn) - before > 50
+    holder.execute("ROLLBACK")
+
+
+def _coalesce_index_entries(conn) -> int:
+    (count,) = conn.execute(
+        "SELECT pg_stat_get_xact_tuples_returned('pgq_job_coalesce_key'::regclass)"
+    ).fetchone()
+    return int(count)

@@ -160,7 +160,6 @@ PARAMS: dict[str, dict[str, Any]] = {
     "cancel_jobs": {"job_ids": [1, 2], "reason": None, "flow_channel": "f", "lease_channel": "l"},
     "discard_jobs": {"job_ids": [1, 2]},
     "select_by_idempotency_keys": {"idempotency_keys": ["a", "b"]},
-    "select_by_coalesce_key": {"coalesce_key": "a"},
     "jobs_by_keys": {"keys": ["a", "b"]},
     "partitions_out_of_date": {"after_key": "", "scan_limit": 1000},
     # Dependencies: the job rows by primary key, edges by pgq_dep_blocker/pgq_dep_job.
@@ -194,7 +193,9 @@ PARAMS: dict[str, dict[str, Any]] = {
     # The history tier (history.sql, and operator.sql's bring_back).
     "bring_back": {"job_ids": [1, 2], "with_dependents": True},
     "move_finished": {"limit": 1000},
-    "prune_idempotency_keys": {"limit": 1000, "recheck_seconds": 3600.0},
+    "free_idempotency_keys": {"keys": ["a", "b"]},
+    # Coalesce keys (maintenance.sql).
+    "free_coalesce_keys": {"keys": ["a", "b"]},
 }
 
 # The plain claim is the claim without its key branches: same parameters.
@@ -244,13 +245,13 @@ EXPECTED_INDEXES = {
     "bring_back": BY_ID,
     "select_by_idempotency_keys": {"pgq_job_idempotency_key", "pgq_hist_idempotency_key"},
     "jobs_by_keys": {"pgq_job_idempotency_key", "pgq_hist_idempotency_key"},
-    "prune_idempotency_keys": {
-        "pgq_key_checked",
+    "free_idempotency_keys": {
         "django_pgqueue_job_key_pkey",
         "pgq_job_idempotency_key",
         "pgq_hist_idempotency_key",
     },
-    "select_by_coalesce_key": {"pgq_job_coalesce_key"},
+    # The locked rows, and each one's job by primary key.
+    "free_coalesce_keys": {"django_pgqueue_coalesce_key_pkey", *PRIMARY_KEY},
     # Rows a release before 0020 left finished in the job table, oldest first.
     "move_finished": {"pgq_job_finished", *PRIMARY_KEY},
 }
@@ -265,7 +266,8 @@ ANY_OF = {
     "mark_awaited",
     "succeeded_under_leases",
     "bring_back",
-    "prune_idempotency_keys",
+    "free_idempotency_keys",
+    "free_coalesce_keys",
 }
 
 #: The history's partitions' indexes are named after their partition; the parent
@@ -302,7 +304,6 @@ def test_every_job_table_statement_is_covered():
         "enqueue_at",
         "enqueue_idempotent",
         "enqueue_many",
-        "enqueue_many_unkeyed",
         "enqueue_coalesced",
         "fire_schedule",
         "run_schedule_now",

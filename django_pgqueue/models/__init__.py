@@ -22,6 +22,7 @@ from django_pgqueue.models.history import (  # isort: skip
     HistoryJob,
     IdempotencyKey,
 )
+from django_pgqueue.models.keys import CoalesceKey  # isort: skip
 
 # isort: split
 from django_pgqueue.models.base import BrinIndex
@@ -29,6 +30,7 @@ from django_pgqueue.models.manager import JobManager
 
 __all__ = [
     "BrinIndex",
+    "CoalesceKey",
     "ConcurrencyKey",
     "ConcurrencySignal",
     "DeadLetter",

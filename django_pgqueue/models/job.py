@@ -254,10 +254,12 @@ class Job(JobColumns):
                 name="pgq_job_unknown_task",
                 condition=_PENDING & Q(unknown_task_since__isnull=False),
             ),
-            # enqueue_coalesced: ON CONFLICT (coalesce_key) WHERE status = 'pending' AND
-            # coalesce_key IS NOT NULL. UNIQUE in the database (migration 0011 builds it
-            # concurrently with its own statement); a plain Index here because
-            # UniqueConstraint cannot be built CONCURRENTLY.
+            # The previous release's coalesced enqueue: ON CONFLICT (coalesce_key) WHERE
+            # status = 'pending' AND coalesce_key IS NOT NULL (this release's holds the
+            # key in django_pgqueue_coalesce_key, migration 0026, and keeps the clause
+            # only as a backstop against those producers). UNIQUE in the database
+            # (migration 0011 builds it concurrently with its own statement); a plain
+            # Index here because UniqueConstraint cannot be built CONCURRENTLY.
             models.Index(
                 fields=["coalesce_key"],
                 name="pgq_job_coalesce_key",
@@ -317,7 +319,9 @@ class Job(JobColumns):
             ),
         )
         constraints = (
-            # enqueue's ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL.
+            # The previous release's ON CONFLICT (idempotency_key) WHERE idempotency_key
+            # IS NOT NULL; this release's statements rely on django_pgqueue_job_key alone
+            # (migration 0026). Also the live tier's lookup of a key's job.
             models.UniqueConstraint(
                 fields=["idempotency_key"],
                 name="pgq_job_idempotency_key",

@@ -43,6 +43,10 @@ logger = logging.getLogger("django_pgqueue.worker")
 REAP_BATCH = 1000
 STATS_RETENTION_SECONDS = 2 * 24 * 3600.0
 DEAD_WORKER_RETENTION_SECONDS = 24 * 3600.0
+#: How long a coalesce key's row stays after a producer took it (or housekeeping found
+#: its job still holding it) before it is checked again: a key whose job was claimed is
+#: forgotten at most this long (plus a pass) later, and a producer makes the row anew.
+COALESCE_KEY_RECHECK_SECONDS = 300.0
 #: How often lazy signals are folded: they only matter when every job ahead of a new one
 #: left before its producer committed, so a fraction of a second is soon enough.
 LAZY_FOLD_SECONDS = 0.25
@@ -186,6 +190,12 @@ def run_pass(
     )
     _step(slot, lambda store: store.prune_queue_stats(retention_seconds=STATS_RETENTION_SECONDS))
     _step(slot, lambda store: store.prune_idle_concurrency_keys(limit=REAP_BATCH))
+    _step(
+        slot,
+        lambda store: store.prune_coalesce_keys(
+            limit=conf.PRUNE_BATCH_SIZE, recheck_seconds=COALESCE_KEY_RECHECK_SECONDS
+        ),
+    )
     _, upkeep = _step(slot, maintain_history)
     _, moved = _step(slot, move_finished)
     _, history = _step(slot, prune_history)

@@ -126,11 +126,17 @@ FROM inserted
 
 
 -- name: enqueue_idempotent
--- Insert one job, or return the job already holding its idempotency key.
--- A key held by an uncommitted insert makes ON CONFLICT wait for that transaction: if it
--- commits, this insert does nothing (the caller then reads the winner with
--- select_by_idempotency_keys, in a new snapshot); if it rolls back, this insert wins.
--- Uses pgq_job_idempotency_key (the unique partial index) for the conflict check.
+-- Insert one job, unless its idempotency key is taken: then nothing comes back, and the
+-- caller reads the job holding it with select_by_idempotency_keys (not here: reading
+-- both tiers, every partition of the history, cost each new key's enqueue about 3 ms of
+-- planning and probes).
+-- The key is taken in django_pgqueue_job_key by the trigger django_pgqueue_job_claim_key
+-- (migration 0020), which skips the row when a job of either tier holds it. A key held
+-- by an uncommitted insert makes the trigger wait for that transaction: if it commits,
+-- this insert does nothing; if it rolls back, this insert wins.
+-- No ON CONFLICT: the job table's unique index pgq_job_idempotency_key is kept only for
+-- the previous release's producers (migration 0026), and a segmented job table cannot
+-- have it.
 WITH inserted AS (
     INSERT INTO django_pgqueue_job (
         queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
@@ -145,7 +151,6 @@ WITH inserted AS (
         %(traceparent)s, %(concurrency_key)s, %(concurrency_limit)s, %(rate_limit)s,
         %(rate_period)s
     )
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING *
 ),
 woken AS (
@@ -202,11 +207,6 @@ flow_woken AS (
 SELECT inserted.*, true AS created,
     (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
 FROM inserted
-UNION ALL
-SELECT existing.*, false AS created, 0 AS notified
-FROM django_pgqueue_job_all AS existing
-WHERE existing.idempotency_key = %(idempotency_key)s
-  AND NOT EXISTS (SELECT 1 FROM inserted)
 
 
 -- name: enqueue_many
@@ -217,11 +217,8 @@ WHERE existing.idempotency_key = %(idempotency_key)s
 -- and parse than ten parallel arrays. What the caller does not know yet comes back in
 -- input order; skipped rows are missing and the caller reads them with
 -- select_by_idempotency_keys.
--- variant: enqueue_many_unkeyed without conflict
--- A batch without idempotency keys cannot conflict (pgq_job_idempotency_key holds only
--- keyed rows), and ON CONFLICT's speculative insertion costs an extra WAL record per
--- row (5 instead of 4 for a plain job): the manager sends this variant, without the
--- clause, when no job of the batch has a key.
+-- A taken key makes the trigger django_pgqueue_job_claim_key skip its row (see
+-- enqueue_idempotent), also when an earlier row of the same batch took it.
 WITH incoming AS (
     SELECT incoming.item, incoming.position
     FROM jsonb_array_elements(%(jobs)s::jsonb) WITH ORDINALITY AS incoming (item, position)
@@ -242,9 +239,6 @@ inserted AS (
         (incoming.item ->> 13)::integer, (incoming.item ->> 14)::double precision
     FROM incoming
     ORDER BY incoming.position
-    -- begin conflict
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    -- end conflict
     RETURNING id, created_at, available_at, idempotency_key, queue, partition_key,
         concurrency_key, priority
 ),
@@ -344,112 +338,32 @@ FROM inserted
 
 
 -- name: select_by_idempotency_keys
--- Read the jobs holding the given idempotency keys (after ON CONFLICT skipped them).
--- Uses pgq_job_idempotency_key.
+-- Read the jobs holding the given idempotency keys (after the trigger skipped them), in
+-- either tier. Uses pgq_job_idempotency_key and pgq_hist_idempotency_key.
 SELECT job.*, false AS created, 0 AS notified
 FROM django_pgqueue_job_all AS job
 WHERE job.idempotency_key = ANY (%(idempotency_keys)s::text[])
 
 
 -- name: enqueue_coalesced
--- Insert one job, or update and return the pending job holding its coalesce key.
--- The pending job takes the newest arguments (the reindex-after-edit case wants the
--- latest state); its task, queue and priority stay. With a debounce (debounce_seconds
--- not NULL), its start moves to now() + debounce when that is later; without, its
--- available_at stays (so a repeatedly coalesced job keeps its place). A job whose
--- holder is another task is returned unchanged (the WHERE of DO UPDATE; the caller then
--- reads it with select_by_coalesce_key). Once the holder is claimed (no longer pending)
--- the key is free: a claim that locked the row makes ON CONFLICT wait for it, then
--- insert a new job. Uses pgq_job_coalesce_key (the unique partial index).
-WITH upserted AS (
-    INSERT INTO django_pgqueue_job AS job (
-        queue, task_path, args, kwargs, priority, status, attempts, max_attempts,
-        lease_generation, available_at, created_at, errors, idempotency_key,
-        partition_key, partition_bucket, traceparent, coalesce_key, concurrency_key,
-        concurrency_limit, rate_limit, rate_period
-    )
-    VALUES (
-        %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s,
-        'pending', 0, %(max_attempts)s, 0,
-        GREATEST(
-            COALESCE(%(available_at)s::timestamptz, now()),
-            now() + make_interval(secs => COALESCE(%(debounce_seconds)s::float8, 0))
-        ),
-        now(), '[]'::jsonb, NULL, %(partition_key)s, %(partition_bucket)s,
-        %(traceparent)s, %(coalesce_key)s, %(concurrency_key)s, %(concurrency_limit)s,
-        %(rate_limit)s, %(rate_period)s
-    )
-    ON CONFLICT (coalesce_key) WHERE status = 'pending' AND coalesce_key IS NOT NULL
-    DO UPDATE SET
-        args = EXCLUDED.args,
-        kwargs = EXCLUDED.kwargs,
-        available_at = CASE
-            WHEN %(debounce_seconds)s::float8 IS NULL THEN job.available_at
-            ELSE GREATEST(job.available_at, EXCLUDED.available_at)
-        END
-    WHERE job.task_path = EXCLUDED.task_path
-    RETURNING job.*, job.xmax = 0 AS created
-),
-woken AS (
-    SELECT pg_notify(%(channel)s, upserted.queue)
-    FROM upserted
-    WHERE upserted.available_at <= now()
-),
-fresh AS (
-    -- A new job only (a pending one whose start a debounce moved is signalled by the
-    -- triggers on available_at of migrations 0004 and 0011): urgent or lazy, see the top.
-    SELECT upserted.queue, upserted.available_at <= now() AS ready, upserted.id,
-        upserted.partition_key, NOT COALESCE((
-            SELECT part.head_id IS NOT NULL
-                AND part.head_id IS DISTINCT FROM part.running_id
-            FROM django_pgqueue_partition AS part
-            WHERE part.partition_key >= upserted.partition_key
-              AND part.partition_key <= upserted.partition_key
-            ORDER BY part.partition_key DESC
-            LIMIT 1
-        ), false) AS partition_urgent,
-        upserted.concurrency_key, NOT COALESCE((
-            SELECT (
-                conc.head_id IS NOT NULL
-                AND conc.head_available_at <= now()
-                AND conc.head_priority >= upserted.priority
-            ) IS TRUE
-            FROM django_pgqueue_concurrency AS conc
-            WHERE conc.concurrency_key >= upserted.concurrency_key
-              AND conc.concurrency_key <= upserted.concurrency_key
-            ORDER BY conc.concurrency_key DESC
-            LIMIT 1
-        ), false) AS key_urgent
-    FROM upserted
-    WHERE (upserted.partition_key IS NOT NULL OR upserted.concurrency_key IS NOT NULL)
-      AND upserted.created
-),
-signalled AS (
-    INSERT INTO django_pgqueue_partition_signal (partition_key, urgent, job_id)
-    SELECT fresh.partition_key, fresh.partition_urgent, fresh.id FROM fresh
-    WHERE fresh.partition_key IS NOT NULL
-),
-signalled_keys AS (
-    INSERT INTO django_pgqueue_concurrency_signal (concurrency_key, urgent, job_id)
-    SELECT fresh.concurrency_key, fresh.key_urgent, fresh.id FROM fresh
-    WHERE fresh.concurrency_key IS NOT NULL
-),
-flow_woken AS (
-    -- An urgent signal of a ready job: workers claim with partitions and keys next.
-    SELECT pg_notify(%(flow_channel)s, fresh.queue)
-    FROM fresh
-    WHERE fresh.ready
-      AND ((fresh.partition_key IS NOT NULL AND fresh.partition_urgent)
-        OR (fresh.concurrency_key IS NOT NULL AND fresh.key_urgent))
-)
-SELECT upserted.*, (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
-FROM upserted
-
-
--- name: select_by_coalesce_key
--- Read the pending job holding a coalesce key (when enqueue_coalesced left it alone).
--- Uses pgq_job_coalesce_key.
-SELECT job.*, false AS created, 0 AS notified
-FROM django_pgqueue_job AS job
-WHERE job.coalesce_key = %(coalesce_key)s
-  AND job.status = 'pending'
+-- Insert one job, or update and return the pending job holding its coalesce key, with
+-- django_pgqueue_enqueue_coalesced (migration 0026): it locks the key's row in
+-- django_pgqueue_coalesce_key (made if missing) until the transaction ends, so
+-- producers of one key decide one after the other, and reads the holder the row names
+-- by primary key in a new snapshot. The pending job takes the newest arguments (the
+-- reindex-after-edit case wants the latest state); its task, queue and priority stay.
+-- With a debounce (debounce_seconds not NULL), its start moves to now() + debounce when
+-- that is later; without, its available_at stays (so a repeatedly coalesced job keeps
+-- its place). A holder of another task is returned unchanged. A claim, a retry or a
+-- cancel ends a job's hold: an enqueue racing the claim waits for it, then inserts a
+-- new job, which the key's row then names. A new job's partition or key is signalled as
+-- by the statements above.
+SELECT (coalesced.job).*, coalesced.created, coalesced.notified
+FROM django_pgqueue_enqueue_coalesced(
+    %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s::integer,
+    %(max_attempts)s::integer, %(available_at)s::timestamptz,
+    %(debounce_seconds)s::float8, %(coalesce_key)s, %(partition_key)s,
+    %(partition_bucket)s::integer, %(traceparent)s, %(concurrency_key)s,
+    %(concurrency_limit)s::integer, %(rate_limit)s::integer, %(rate_period)s::float8,
+    %(channel)s, %(flow_channel)s
+) AS coalesced

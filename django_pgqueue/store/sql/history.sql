@@ -145,32 +145,35 @@ inserted AS (
 SELECT count(*) AS moved FROM inserted
 
 
--- name: prune_idempotency_keys
--- Free up to `limit` idempotency keys no job holds any more (its job was pruned or
--- discarded), checking the keys least recently found held first, each at most once
--- per recheck_seconds; a key still held is marked checked. A key being taken right now
--- by an uncommitted insert is not committed yet, so never a candidate.
--- pgq_key_checked; pgq_job_idempotency_key and pgq_hist_idempotency_key.
-WITH candidates AS (
-    SELECT taken.idempotency_key
-    FROM django_pgqueue_job_key AS taken
-    WHERE taken.checked_at < now() - make_interval(secs => %(recheck_seconds)s)
-    ORDER BY taken.checked_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-held AS (
-    -- "= ANY (ARRAY(...))": probes of the keys' indexes, whatever the plan's estimates
-    -- (an EXISTS could become a hash join over the whole job table).
+-- name: lock_idempotency_keys
+-- The first of two statements freeing idempotency keys no job holds any more (its job
+-- was pruned or discarded): lock up to `limit` of them, the keys least recently found
+-- held first, each at most once per recheck_seconds. A key a producer is taking right
+-- now is locked by it (or not committed yet), so never a candidate. The check follows
+-- in free_idempotency_keys, in the same transaction: its new snapshot sees every job a
+-- producer committed before the lock was taken, which this statement's may not (a
+-- producer that took the key over would otherwise lose it to this one). pgq_key_checked.
+SELECT taken.idempotency_key
+FROM django_pgqueue_job_key AS taken
+WHERE taken.checked_at < now() - make_interval(secs => %(recheck_seconds)s)
+ORDER BY taken.checked_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+
+-- name: free_idempotency_keys
+-- Delete the locked keys no job holds, in either tier; mark the others checked.
+-- pgq_job_idempotency_key and pgq_hist_idempotency_key.
+WITH held AS (
+    -- "= ANY (...)": probes of the keys' indexes, whatever the plan's estimates (an
+    -- EXISTS could become a hash join over the whole job table).
     SELECT job.idempotency_key
     FROM django_pgqueue_job AS job
-    WHERE job.idempotency_key = ANY (ARRAY(SELECT candidates.idempotency_key FROM candidates))
+    WHERE job.idempotency_key = ANY (%(keys)s::text[])
     UNION
     SELECT finished.idempotency_key
     FROM django_pgqueue_job_history AS finished
-    WHERE finished.idempotency_key = ANY (
-        ARRAY(SELECT candidates.idempotency_key FROM candidates)
-    )
+    WHERE finished.idempotency_key = ANY (%(keys)s::text[])
 ),
 rechecked AS (
     UPDATE django_pgqueue_job_key AS taken
@@ -179,7 +182,7 @@ rechecked AS (
 ),
 freed AS (
     DELETE FROM django_pgqueue_job_key AS taken
-    WHERE taken.idempotency_key = ANY (ARRAY(SELECT candidates.idempotency_key FROM candidates))
+    WHERE taken.idempotency_key = ANY (%(keys)s::text[])
       AND taken.idempotency_key <> ALL (ARRAY(SELECT held.idempotency_key FROM held))
     RETURNING 1
 )

@@ -396,6 +396,46 @@ WHERE conc.concurrency_key IN (
 RETURNING conc.concurrency_key
 
 
+-- name: lock_coalesce_keys
+-- The first of two statements forgetting coalesce keys whose job no longer holds them
+-- (it was claimed, retried, cancelled or finished): lock up to `limit` rows not taken
+-- or checked for recheck_seconds, oldest first. A row a producer holds is skipped. The
+-- check follows in free_coalesce_keys, in the same transaction, whose new snapshot sees
+-- the job of every producer that took the key before this lock. pgq_coalesce_checked.
+SELECT taken.coalesce_key
+FROM django_pgqueue_coalesce_key AS taken
+WHERE taken.checked_at < now() - make_interval(secs => %(recheck_seconds)s)
+ORDER BY taken.checked_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+
+-- name: free_coalesce_keys
+-- Delete the locked rows whose job is not pending with the key any more (a producer
+-- makes the row again); mark the others checked. By primary keys only.
+WITH held AS (
+    SELECT taken.coalesce_key
+    FROM django_pgqueue_coalesce_key AS taken
+    JOIN django_pgqueue_job AS job ON job.id = taken.job_id
+    WHERE taken.coalesce_key = ANY (%(keys)s::text[])
+      -- IS NOT DISTINCT FROM: by primary key, never pgq_job_coalesce_key's entries.
+      AND job.coalesce_key IS NOT DISTINCT FROM taken.coalesce_key
+      AND job.status = 'pending'
+),
+rechecked AS (
+    UPDATE django_pgqueue_coalesce_key AS taken
+    SET checked_at = now()
+    WHERE taken.coalesce_key = ANY (ARRAY(SELECT held.coalesce_key FROM held))
+),
+freed AS (
+    DELETE FROM django_pgqueue_coalesce_key AS taken
+    WHERE taken.coalesce_key = ANY (%(keys)s::text[])
+      AND taken.coalesce_key <> ALL (ARRAY(SELECT held.coalesce_key FROM held))
+    RETURNING 1
+)
+SELECT count(*) AS freed FROM freed
+
+
 -- name: sync_sql_settings
 -- Write what django_pgqueue_enqueue() applies (migration 0017): the settings row, one
 -- per database, by migrate and by each worker at start. Last writer wins (during a

@@ -196,8 +196,9 @@ LIMIT %(limit)s
 -- name: fire_schedule
 -- Advance one schedule from the next_fire_at the caller planned from (the fence) and
 -- insert a job per planned fire time, in one statement. A worker that lost the race
--- (the row moved on, was paused, or its timing changed) inserts nothing. ON CONFLICT
--- uses pgq_job_idempotency_key: a fire time that already has its job keeps it. The jobs
+-- (the row moved on, was paused, or its timing changed) inserts nothing. A fire time
+-- that already has its job keeps it: its key is taken (the trigger
+-- django_pgqueue_job_claim_key skips the row; see enqueue_idempotent). The jobs
 -- carry the schedule's flow limits and, like every enqueue of a limited job, leave a
 -- concurrency signal so the claim folds their key in.
 WITH advanced AS (
@@ -226,7 +227,6 @@ inserted AS (
     FROM advanced
     CROSS JOIN unnest(%(keys)s::text[]) WITH ORDINALITY AS fire (key, position)
     ORDER BY fire.position
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, concurrency_key
 ),
 signalled AS (
@@ -287,7 +287,8 @@ RETURNING schedule.name
 -- name: run_schedule_now
 -- Insert one job of each named schedule now, outside its timetable; next_fire_at does
 -- not move. The key (pgqueue:schedule:<name>:run-now:<time the operator confirmed>)
--- makes a resubmitted confirmation a no-op. ON CONFLICT uses pgq_job_idempotency_key.
+-- makes a resubmitted confirmation a no-op (the trigger django_pgqueue_job_claim_key
+-- skips a row whose key is taken).
 -- The jobs carry the schedule's flow limits, as fired ones do.
 WITH inserted AS (
     INSERT INTO django_pgqueue_job (
@@ -302,7 +303,6 @@ WITH inserted AS (
         schedule.concurrency_limit, schedule.rate_limit, schedule.rate_period
     FROM unnest(%(names)s::text[], %(keys)s::text[]) AS wanted (name, key)
     JOIN django_pgqueue_schedule AS schedule ON schedule.name = wanted.name
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, idempotency_key, concurrency_key
 ),
 signalled AS (

@@ -70,7 +70,8 @@ class EnqueueStatements(StoreBase):
             return Enqueued(
                 JobSnapshot.from_row(found[0]), bool(found[0]["created"]), self.runner.alias
             )
-        # The key's holder committed after this statement's snapshot began: read it now.
+        # The key is taken: read its holder, in either tier, in a new snapshot (one that
+        # committed while the insert waited for it is in it).
         assert spec.idempotency_key is not None
         existing = self._by_idempotency_keys([spec.idempotency_key])
         if spec.idempotency_key in existing:
@@ -81,7 +82,7 @@ class EnqueueStatements(StoreBase):
     def _enqueue_coalesced(self, spec: JobSpec, params: dict[str, Any]) -> Enqueued:
         key, seconds = check_coalescing(spec.coalesce_key, spec.debounce, spec.idempotency_key)
         unkeyed = {k: v for k, v in params.items() if k != "idempotency_key"}
-        found = self._run(
+        (row,) = self._run(
             "enqueue_coalesced",
             channel=conf.NOTIFY_CHANNEL,
             flow_channel=flow_channel(),
@@ -89,15 +90,7 @@ class EnqueueStatements(StoreBase):
             debounce_seconds=seconds,
             **unkeyed,
         ).dicts()
-        if found:
-            return Enqueued(
-                JobSnapshot.from_row(found[0]), bool(found[0]["created"]), self.runner.alias
-            )
-        # The key is held by a pending job of another task (left unchanged): return it.
-        holder = self._run("select_by_coalesce_key", coalesce_key=key).dicts()
-        if holder:
-            return Enqueued(JobSnapshot.from_row(holder[0]), False, self.runner.alias)
-        return self._enqueue_coalesced(spec, params)  # claimed in between: the key is free
+        return Enqueued(JobSnapshot.from_row(row), bool(row["created"]), self.runner.alias)
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[Enqueued]:
         """Insert many jobs with one statement; return one outcome per spec, in order.
@@ -211,7 +204,7 @@ class EnqueueStatements(StoreBase):
         """Insert checked jobs without idempotency keys or dependencies, in one statement."""
         rows = inserted_rows(
             self._run(
-                "enqueue_many_unkeyed",
+                "enqueue_many",
                 channel=conf.NOTIFY_CHANNEL,
                 flow_channel=flow_channel(),
                 jobs=jobs_document(prepared),

@@ -58,9 +58,16 @@ class HistoryStatements(StoreBase):
         return int(self._run("move_finished", limit=limit).rows[0][0])
 
     def prune_idempotency_keys(self, *, limit: int, recheck_seconds: float) -> int:
-        """Free up to ``limit`` idempotency keys no job holds any more; return how many."""
-        return int(
-            self._run("prune_idempotency_keys", limit=limit, recheck_seconds=recheck_seconds).rows[
-                0
-            ][0]
-        )
+        """Free up to ``limit`` idempotency keys no job holds any more; return how many.
+
+        Two statements in one transaction (the caller's, or a savepoint of it): the
+        keys are locked first, then checked in a snapshot taken after the lock.
+        """
+        with self.runner.atomic():
+            rows = self._run(
+                "lock_idempotency_keys", limit=limit, recheck_seconds=recheck_seconds
+            ).rows
+            if not rows:
+                return 0
+            keys = [row[0] for row in rows]
+            return int(self._run("free_idempotency_keys", keys=keys).rows[0][0])

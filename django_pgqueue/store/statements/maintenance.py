@@ -106,6 +106,22 @@ class MaintenanceStatements(StoreBase):
         """Forget rate-limited keys without jobs whose bucket is full again; return how many."""
         return len(self._run("prune_idle_concurrency_keys", limit=limit).rows)
 
+    def prune_coalesce_keys(self, *, limit: int, recheck_seconds: float) -> int:
+        """Forget up to ``limit`` coalesce keys whose job no longer holds them.
+
+        Two statements in one transaction (the caller's, or a savepoint of it): the rows
+        are locked first, then checked in a snapshot taken after the lock. Returns how
+        many rows were deleted.
+        """
+        with self.runner.atomic():
+            rows = self._run(
+                "lock_coalesce_keys", limit=limit, recheck_seconds=recheck_seconds
+            ).rows
+            if not rows:
+                return 0
+            keys = [row[0] for row in rows]
+            return int(self._run("free_coalesce_keys", keys=keys).rows[0][0])
+
     def repair_partitions(self, partition_keys: Sequence[str]) -> int:
         """Recompute the claim state of ``partition_keys`` from the job table."""
         if not partition_keys:
