@@ -11,9 +11,16 @@ housekeeping against producers acting on the same key at the same moment.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,6 +31,7 @@ from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import COALESCE_KEY_RECHECK_SECONDS
+from tests.releases import checkout, previous_release
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -378,3 +386,114 @@ def test_a_repeatable_read_producer_behind_another_gets_a_serialization_failure(
         finally:
             late.execute("ROLLBACK")
         assert _pending_holders(observer, key) == [made.id]
+
+
+#: The previous release's producer: coalesced and idempotent enqueues on the same keys
+#: as this release's, printing each outcome as JSON.
+OLD_PRODUCER = """
+import json, sys, time
+import django
+django.setup()
+from django_pgqueue.models import Job
+from django_pgqueue.store.values import JobSpec
+store = Job.objects.store()
+print("ready", flush=True)
+sys.stdin.readline()  # go
+out = []
+started = time.time()
+for round_ in range(int(sys.argv[1])):
+    for key in range(int(sys.argv[2])):
+        spec = JobSpec("tests.tasks.echo", args=["old", round_], coalesce_key=f"mix:{key}")
+        made = store.enqueue(spec)
+        out.append(["c", key, made.id, made.created])
+        made = store.enqueue(JobSpec("tests.tasks.noop", idempotency_key=f"once:{round_}:{key}"))
+        out.append(["i", f"once:{round_}:{key}", made.id, made.created])
+print(json.dumps({"outcomes": out, "span": [started, time.time()]}))
+"""
+
+
+def test_old_and_new_producers_racing_on_the_same_keys_keep_one_job_per_key(
+    db_url, make_store, observer
+):
+    """A rolling deploy: the previous release's producers (ON CONFLICT on the unique
+    indexes) and this release's (the key tables) enqueue on the same keys at once, while
+    a worker claims the holders; none fails, and each key keeps one job."""
+    rounds, keys = 30, 4
+    claimer = make_store()
+    stop = threading.Event()
+
+    def claim() -> None:
+        while not stop.is_set():
+            claimer.claim("w", ["default"], per_queue=2, lease_seconds=300)
+            stop.wait(0.01)
+
+    def produce(store) -> tuple[list[list[Any]], tuple[float, float]]:
+        out: list[list[Any]] = []
+        started = time.time()
+        for round_ in range(rounds):
+            for key in range(keys):
+                made = store.enqueue(_coalesced("new", round_, key=f"mix:{key}"))
+                out.append(["c", key, made.id, made.created])
+                once = f"once:{round_}:{key}"
+                made = store.enqueue(JobSpec("tests.tasks.noop", idempotency_key=once))
+                out.append(["i", once, made.id, made.created])
+        return out, (started, time.time())
+
+    with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
+        checkout(previous_release("0026_keys_outside_job_indexes"), Path(old_tree))
+        env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        old = subprocess.Popen(
+            [sys.executable, "-c", OLD_PRODUCER, str(rounds), str(keys)],
+            cwd=old_tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert old.stdout is not None
+        assert old.stdin is not None
+        assert old.stdout.readline().strip() == "ready", old.stderr
+        stores = [make_store(), make_store()]
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            claiming = pool.submit(claim)
+            old.stdin.write("go\n")
+            old.stdin.flush()
+            new = [pool.submit(produce, store) for store in stores]
+            try:
+                stdout, stderr = old.communicate(timeout=90)
+            finally:
+                results = [future.result(timeout=90) for future in new]
+                stop.set()
+                claiming.result(timeout=30)
+    assert old.returncode == 0, stderr
+    printed = json.loads(stdout)
+    # The releases really ran side by side.
+    old_span = printed["span"]
+    for _, (started, ended) in results:
+        assert started < old_span[1], (old_span, started)
+        assert old_span[0] < ended, (old_span, ended)
+    outcomes = printed["outcomes"] + [row for rows, _ in results for row in rows]
+    ids_by_key: dict[Any, set[int]] = {}
+    for kind, key, job_id, _created in outcomes:
+        ids_by_key.setdefault((kind, key), set()).add(job_id)
+    # Idempotency: one job per key, made once, whoever enqueued it.
+    for (kind, key), ids in ids_by_key.items():
+        if kind == "i":
+            assert len(ids) == 1, (key, ids)
+    created = [row for row in outcomes if row[0] == "i" and row[3]]
+    assert len(created) == rounds * keys
+    # Coalescing: every job returned for a key held it, and at most one is pending.
+    for key in range(keys):
+        rows = dict(
+            observer.execute(
+                "SELECT id, coalesce_key FROM django_pgqueue_job_all WHERE id = ANY(%s)",
+                [list(ids_by_key[("c", key)])],
+            ).fetchall()
+        )
+        assert set(rows.values()) <= {f"mix:{key}", None}  # None: a retried one let go
+        assert len(_pending_holders(observer, f"mix:{key}")) <= 1
+        # The next enqueue of this release finds the holder, whoever made it.
+        last = make_store().enqueue(_coalesced("last", key=f"mix:{key}"))
+        assert _pending_holders(observer, f"mix:{key}") == [last.id]
+        assert _named(observer, f"mix:{key}") == last.id
