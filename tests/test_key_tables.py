@@ -255,27 +255,43 @@ def test_coalesce_keys_whose_job_no_longer_holds_them_are_forgotten(store, obser
     assert _named(observer, "claimed") == again.id
 
 
+def _enqueue_while_housekeeping_frees(
+    make_store, observer, *, kind: str, key: str, spec: JobSpec, recheck_seconds: float
+):
+    """Housekeeping locks ``key`` (``lock_<kind>_keys``); a producer enqueueing ``spec``
+    waits for it; housekeeping then deletes the key (``free_<kind>_keys``) and commits.
+    Returns the producer's outcome."""
+    housekeeper, producer = make_store(), make_store()
+    pid = producer.runner.connection.info.backend_pid
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with housekeeper.runner.connection.transaction():
+            locked = housekeeper.runner.run(
+                QUERIES[f"lock_{kind}_keys"], {"limit": 10, "recheck_seconds": recheck_seconds}
+            ).rows
+            assert locked == [(key,)]
+            waiting = pool.submit(producer.enqueue, spec)
+            wait_for(lambda: _waiting_on_lock(observer, pid), timeout=10, message="a wait")
+            freed = housekeeper.runner.run(QUERIES[f"free_{kind}_keys"], {"keys": [key]})
+            assert freed.rows == [(1,)]
+        return waiting.result(timeout=10)
+
+
 def test_a_producer_waiting_on_a_key_housekeeping_forgets_makes_it_again(
     without_unique_indexes, make_store, observer
 ):
     """Housekeeping locks a key whose job was claimed; a producer of that key waits for
     it, and once the row is deleted makes it again and inserts the one new holder."""
-    housekeeper, claimer, producer = make_store(), make_store(), make_store()
-    first = producer.enqueue(_coalesced(1))
-    claimer.claim("w", ["default"], per_queue=5, lease_seconds=30)
+    first = make_store().enqueue(_coalesced(1))
+    make_store().claim("w", ["default"], per_queue=5, lease_seconds=30)
     observer.execute("UPDATE django_pgqueue_coalesce_key SET checked_at = now() - interval '1 h'")
-    pid = producer.runner.connection.info.backend_pid
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        with housekeeper.runner.connection.transaction():
-            locked = housekeeper.runner.run(
-                QUERIES["lock_coalesce_keys"], {"limit": 10, "recheck_seconds": 60}
-            ).rows
-            assert locked == [("reindex:1",)]
-            waiting = pool.submit(producer.enqueue, _coalesced(2))
-            wait_for(lambda: _waiting_on_lock(observer, pid), timeout=10, message="a wait")
-            freed = housekeeper.runner.run(QUERIES["free_coalesce_keys"], {"keys": ["reindex:1"]})
-            assert freed.rows == [(1,)]
-        second = waiting.result(timeout=10)
+    second = _enqueue_while_housekeeping_frees(
+        make_store,
+        observer,
+        kind="coalesce",
+        key="reindex:1",
+        spec=_coalesced(2),
+        recheck_seconds=60,
+    )
     assert second.created
     assert second.id != first.id
     assert _pending_holders(observer, "reindex:1") == [second.id]
@@ -287,30 +303,19 @@ def test_a_producer_taking_over_a_stale_idempotency_key_housekeeping_frees_takes
 ):
     """The trigger waits for the key's row while housekeeping frees it; it then takes
     the key anew (0020's trigger inserted the job with its key taken nowhere)."""
-    housekeeper, producer = make_store(), make_store()
-    gone = producer.enqueue(JobSpec("tests.tasks.noop", idempotency_key="stale"))
+    spec = JobSpec("tests.tasks.noop", idempotency_key="stale")
+    gone = make_store().enqueue(spec)
     observer.execute("DELETE FROM django_pgqueue_job WHERE id = %s", [gone.id])
     observer.execute("UPDATE django_pgqueue_job_key SET checked_at = now() - interval '2 h'")
-    pid = producer.runner.connection.info.backend_pid
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        with housekeeper.runner.connection.transaction():
-            locked = housekeeper.runner.run(
-                QUERIES["lock_idempotency_keys"], {"limit": 10, "recheck_seconds": 3600}
-            ).rows
-            assert locked == [("stale",)]
-            waiting = pool.submit(
-                producer.enqueue, JobSpec("tests.tasks.noop", idempotency_key="stale")
-            )
-            wait_for(lambda: _waiting_on_lock(observer, pid), timeout=10, message="a wait")
-            freed = housekeeper.runner.run(QUERIES["free_idempotency_keys"], {"keys": ["stale"]})
-            assert freed.rows == [(1,)]
-        made = waiting.result(timeout=10)
+    made = _enqueue_while_housekeeping_frees(
+        make_store, observer, kind="idempotency", key="stale", spec=spec, recheck_seconds=3600
+    )
     assert made.created
     assert observer.execute("SELECT idempotency_key FROM django_pgqueue_job_key").fetchall() == [
         ("stale",)
     ]
     # So the key keeps its job: another enqueue returns it.
-    assert make_store().enqueue(JobSpec("tests.tasks.noop", idempotency_key="stale")).id == made.id
+    assert make_store().enqueue(spec).id == made.id
 
 
 def test_keys_of_jobs_enqueued_before_0020_are_taken_by_0027(
