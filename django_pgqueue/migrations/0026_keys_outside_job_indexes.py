@@ -56,9 +56,9 @@ KEY_TABLE = (
     "COMMENT ON COLUMN django_pgqueue_coalesce_key.job_id IS 'The job that took the key last: "
     "it holds it while it is pending with this coalesce_key (never claimed). NULL until the "
     "first producer''s job is in.'",
-    "COMMENT ON COLUMN django_pgqueue_coalesce_key.checked_at IS 'When a producer took the key "
-    "or housekeeping last found its job holding it (housekeeping deletes a row whose job no "
-    "longer holds the key).'",
+    "COMMENT ON COLUMN django_pgqueue_coalesce_key.checked_at IS 'When the row was made or "
+    "housekeeping last found its job holding the key (housekeeping deletes a row whose job "
+    "no longer holds it).'",
 )
 
 # A coalesced enqueue (enqueue_coalesced in sql/enqueue.sql calls it). A function: its
@@ -104,9 +104,14 @@ BEGIN
     -- FROM: by primary key, never the key's entries in pgq_job_coalesce_key (every
     -- earlier holder's, while a long transaction holds a snapshot). A claim that locked
     -- it makes FOR UPDATE wait, then find it no longer pending.
+    -- The row's newest version first, as a range read backward (migration 0023): every
+    -- holder it named left a version, which a held snapshot keeps.
     SELECT taken.job_id INTO named
     FROM django_pgqueue_coalesce_key AS taken
-    WHERE taken.coalesce_key = django_pgqueue_enqueue_coalesced.coalesce_key;
+    WHERE taken.coalesce_key >= django_pgqueue_enqueue_coalesced.coalesce_key
+      AND taken.coalesce_key <= django_pgqueue_enqueue_coalesced.coalesce_key
+    ORDER BY taken.coalesce_key DESC
+    LIMIT 1;
     SELECT * INTO held
     FROM django_pgqueue_job AS pending
     WHERE pending.id = named
@@ -174,9 +179,12 @@ BEGIN
             RETURN;
         END IF;
         SELECT * INTO held FROM django_pgqueue_job AS pending WHERE pending.id = new_id;
+        -- job_id alone, no indexed column: the update can stay on the row's page
+        -- (HOT), adding no index entry for later lookups to walk.
         UPDATE django_pgqueue_coalesce_key AS taken
-        SET job_id = new_id, checked_at = now()
-        WHERE taken.coalesce_key = django_pgqueue_enqueue_coalesced.coalesce_key;
+        SET job_id = new_id
+        WHERE taken.coalesce_key >= django_pgqueue_enqueue_coalesced.coalesce_key
+          AND taken.coalesce_key <= django_pgqueue_enqueue_coalesced.coalesce_key;
     END IF;
 
     IF held.available_at <= now() THEN
@@ -310,9 +318,9 @@ class Migration(migrations.Migration):
                         (
                             "checked_at",
                             models.DateTimeField(
-                                db_comment="When a producer took the key or housekeeping last found "
-                                "its job holding it (housekeeping deletes a row whose job no longer "
-                                "holds the key).",
+                                db_comment="When the row was made or housekeeping last found its "
+                                "job holding the key (housekeeping deletes a row whose job no longer "
+                                "holds it).",
                                 db_default=Now(),
                                 verbose_name="last checked at",
                             ),

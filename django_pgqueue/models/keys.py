@@ -34,8 +34,8 @@ class CoalesceKey(models.Model):
     checked_at = models.DateTimeField(
         _("last checked at"),
         db_default=Now(),
-        db_comment="When a producer took the key or housekeeping last found its job holding "
-        "it (housekeeping deletes a row whose job no longer holds the key).",
+        db_comment="When the row was made or housekeeping last found its job holding the key "
+        "(housekeeping deletes a row whose job no longer holds it).",
     )
 
     class Meta:

@@ -43,8 +43,8 @@ logger = logging.getLogger("django_pgqueue.worker")
 REAP_BATCH = 1000
 STATS_RETENTION_SECONDS = 2 * 24 * 3600.0
 DEAD_WORKER_RETENTION_SECONDS = 24 * 3600.0
-#: How long a coalesce key's row stays after a producer took it (or housekeeping found
-#: its job still holding it) before it is checked again: a key whose job was claimed is
+#: How long a coalesce key's row stays after it was made (or housekeeping found its job
+#: still holding the key) before it is checked again: a key whose job was claimed is
 #: forgotten at most this long (plus a pass) later, and a producer makes the row anew.
 COALESCE_KEY_RECHECK_SECONDS = 300.0
 #: How often lazy signals are folded: they only matter when every job ahead of a new one

@@ -398,8 +398,8 @@ RETURNING conc.concurrency_key
 
 -- name: lock_coalesce_keys
 -- The first of two statements forgetting coalesce keys whose job no longer holds them
--- (it was claimed, retried, cancelled or finished): lock up to `limit` rows not taken
--- or checked for recheck_seconds, oldest first. A row a producer holds is skipped. The
+-- (it was claimed, retried, cancelled or finished): lock up to `limit` rows not made or
+-- checked for recheck_seconds, oldest first. A row a producer holds is skipped. The
 -- check follows in free_coalesce_keys, in the same transaction, whose new snapshot sees
 -- the job of every producer that took the key before this lock. pgq_coalesce_checked.
 SELECT taken.coalesce_key
