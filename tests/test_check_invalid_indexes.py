@@ -44,6 +44,7 @@ def _w002():
 
 def test_the_tables_come_from_the_app_models():
     assert sorted(queue_tables()) == [
+        "django_pgqueue_coalesce_key",
         "django_pgqueue_concurrency",
         "django_pgqueue_concurrency_signal",
         "django_pgqueue_dependency",

@@ -103,7 +103,8 @@ def test_worker_without_tables_stops_with_one_line(empty_database):
         "django_pgqueue_partition_signal, django_pgqueue_concurrency, "
         "django_pgqueue_concurrency_signal, django_pgqueue_worker, django_pgqueue_queuestat, "
         "django_pgqueue_schedule, django_pgqueue_queue_pause, django_pgqueue_sql_settings, "
-        "django_pgqueue_job_key, django_pgqueue_job_history): run manage.py migrate"
+        "django_pgqueue_job_key, django_pgqueue_job_history, django_pgqueue_coalesce_key): "
+        "run manage.py migrate"
     ]
 
 
