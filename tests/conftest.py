@@ -139,6 +139,7 @@ SERVER_SIDE = frozenset(
         "test_partition_ring.py",
         "test_partition_state.py",
         "test_partitions.py",
+        "test_prepared_statements.py",
         "test_pause.py",
         "test_pgbouncer.py",
         "test_plain_claim.py",

@@ -8,12 +8,15 @@ worker's own psycopg connection, with server-side binding and prepared statement
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
+from psycopg.errors import FeatureNotSupported
+from psycopg.pq import TransactionStatus
 
 from django_pgqueue.store.sql import Query
 
@@ -28,6 +31,14 @@ __all__ = [
     "load_json",
 ]
 
+
+# The worker's connections are the ones that prepare statements.
+logger = logging.getLogger("django_pgqueue.worker")
+
+#: Where the server refuses a prepared statement whose result columns changed under it
+#: ("cached plan must not change result type"): the function, since the message may be
+#: translated and the SQLSTATE (feature not supported) says little.
+_STALE_PLAN_SOURCE = "RevalidateCachedQuery"
 
 # Columns whose values arrive as JSON text (Django's psycopg setup loads jsonb as text so
 # JSONField can decode it; the worker's connections share that setup).
@@ -119,11 +130,22 @@ class DjangoRunner:
 
 
 class PsycopgRunner:
-    """Runs statements on a dedicated psycopg connection (a worker's own)."""
+    """Runs statements on a dedicated psycopg connection (a worker's own).
+
+    Its statements are prepared after a few uses. A migration that adds a column to a
+    table a statement returns whole (``RETURNING job.*``) makes the server refuse that
+    prepared statement from then on ("cached plan must not change result type"), and a
+    worker of the previous release would fail every claim until restarted. The runner
+    forgets the session's prepared statements when that happens and runs the statement
+    again, prepared anew.
+    """
 
     def __init__(self, connection: psycopg.Connection[Any], alias: str) -> None:
         self.connection = connection
         self._alias = alias
+        #: A statement met a stale plan inside a transaction, where DEALLOCATE cannot
+        #: run: the next statement outside one deallocates first.
+        self._stale = False
 
     @property
     def alias(self) -> str:
@@ -132,6 +154,15 @@ class PsycopgRunner:
 
     def run(self, query: Query, params: Mapping[str, Any]) -> Result:
         """Execute ``query`` with server-side binding (prepared after a few uses)."""
+        try:
+            return self._run(query, params)
+        except FeatureNotSupported as error:
+            if not self._forget_plans(error):
+                raise
+        return self._run(query, params)
+
+    def _run(self, query: Query, params: Mapping[str, Any]) -> Result:
+        self._deallocate_if_stale()
         with self.connection.cursor() as cursor:
             cursor.execute(query.text, params)
             return _result(cursor)
@@ -140,7 +171,18 @@ class PsycopgRunner:
         """Execute ``statements`` in order, in one round trip (pipeline mode).
 
         Each sees what the ones before it did; in autocommit each commits on its own.
+        After a stale plan they all run again, so each must be safe to repeat (the
+        claim's fold, wake-up and claim are: the worker repeats them at every claim).
         """
+        try:
+            return self._run_many(statements)
+        except FeatureNotSupported as error:
+            if not self._forget_plans(error):
+                raise
+        return self._run_many(statements)
+
+    def _run_many(self, statements: Sequence[tuple[Query, Mapping[str, Any]]]) -> list[Result]:
+        self._deallocate_if_stale()
         with self.connection.pipeline():
             cursors = []
             for query, params in statements:
@@ -152,6 +194,24 @@ class PsycopgRunner:
         finally:
             for cursor in cursors:
                 cursor.close()
+
+    def _forget_plans(self, error: FeatureNotSupported) -> bool:
+        """After a stale plan, forget the session's prepared statements; return whether
+        the statement can run again now (not inside a transaction, which it aborted)."""
+        if error.diag.source_function != _STALE_PLAN_SOURCE:
+            return False
+        logger.info("a migration changed a prepared statement's result; preparing anew")
+        self._stale = True
+        if self.connection.info.transaction_status != TransactionStatus.IDLE:
+            return False
+        self._deallocate_if_stale()
+        return True
+
+    def _deallocate_if_stale(self) -> None:
+        if self._stale and self.connection.info.transaction_status == TransactionStatus.IDLE:
+            # Through execute, so that psycopg forgets its own record of them too.
+            self.connection.execute("DEALLOCATE ALL")
+            self._stale = False
 
     @contextmanager
     def atomic(self) -> Iterator[None]:

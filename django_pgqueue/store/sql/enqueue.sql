@@ -204,7 +204,20 @@ flow_woken AS (
       AND ((fresh.partition_key IS NOT NULL AND fresh.partition_urgent)
         OR (fresh.concurrency_key IS NOT NULL AND fresh.key_urgent))
 )
-SELECT inserted.*, true AS created,
+-- The job's columns by name: a prepared statement survives a migration adding one.
+SELECT
+    inserted.id, inserted.queue, inserted.task_path, inserted.args, inserted.kwargs,
+    inserted.priority, inserted.status, inserted.attempts, inserted.max_attempts,
+    inserted.lease_generation, inserted.claimed_by, inserted.claimed_at,
+    inserted.lease_expires_at, inserted.available_at, inserted.created_at,
+    inserted.started_at, inserted.finished_at, inserted.last_error,
+    inserted.last_error_class, inserted.errors, inserted.result,
+    inserted.idempotency_key, inserted.partition_key, inserted.partition_bucket,
+    inserted.step, inserted.unknown_task_since, inserted.traceparent, inserted.awaited,
+    inserted.has_dependents, inserted.coalesce_key, inserted.concurrency_key,
+    inserted.concurrency_limit, inserted.rate_limit, inserted.rate_period,
+    inserted.cancel_requested_at, inserted.snoozes,
+    true AS created,
     (SELECT count(*) FROM woken) + (SELECT count(*) FROM flow_woken) AS notified
 FROM inserted
 
@@ -340,7 +353,16 @@ FROM inserted
 -- name: select_by_idempotency_keys
 -- Read the jobs holding the given idempotency keys (after the trigger skipped them), in
 -- either tier. Uses pgq_job_idempotency_key and pgq_hist_idempotency_key.
-SELECT job.*, false AS created, 0 AS notified
+SELECT
+    job.id, job.queue, job.task_path, job.args, job.kwargs, job.priority, job.status,
+    job.attempts, job.max_attempts, job.lease_generation, job.claimed_by,
+    job.claimed_at, job.lease_expires_at, job.available_at, job.created_at,
+    job.started_at, job.finished_at, job.last_error, job.last_error_class, job.errors,
+    job.result, job.idempotency_key, job.partition_key, job.partition_bucket, job.step,
+    job.unknown_task_since, job.traceparent, job.awaited, job.has_dependents,
+    job.coalesce_key, job.concurrency_key, job.concurrency_limit, job.rate_limit,
+    job.rate_period, job.cancel_requested_at, job.snoozes,
+    false AS created, 0 AS notified
 FROM django_pgqueue_job_all AS job
 WHERE job.idempotency_key = ANY (%(idempotency_keys)s::text[])
 
@@ -358,7 +380,24 @@ WHERE job.idempotency_key = ANY (%(idempotency_keys)s::text[])
 -- cancel ends a job's hold: an enqueue racing the claim waits for it, then inserts a
 -- new job, which the key's row then names. A new job's partition or key is signalled as
 -- by the statements above.
-SELECT (coalesced.job).*, coalesced.created, coalesced.notified
+SELECT
+    (coalesced.job).id, (coalesced.job).queue, (coalesced.job).task_path,
+    (coalesced.job).args, (coalesced.job).kwargs, (coalesced.job).priority,
+    (coalesced.job).status, (coalesced.job).attempts, (coalesced.job).max_attempts,
+    (coalesced.job).lease_generation, (coalesced.job).claimed_by,
+    (coalesced.job).claimed_at, (coalesced.job).lease_expires_at,
+    (coalesced.job).available_at, (coalesced.job).created_at,
+    (coalesced.job).started_at, (coalesced.job).finished_at, (coalesced.job).last_error,
+    (coalesced.job).last_error_class, (coalesced.job).errors, (coalesced.job).result,
+    (coalesced.job).idempotency_key, (coalesced.job).partition_key,
+    (coalesced.job).partition_bucket, (coalesced.job).step,
+    (coalesced.job).unknown_task_since, (coalesced.job).traceparent,
+    (coalesced.job).awaited, (coalesced.job).has_dependents,
+    (coalesced.job).coalesce_key, (coalesced.job).concurrency_key,
+    (coalesced.job).concurrency_limit, (coalesced.job).rate_limit,
+    (coalesced.job).rate_period, (coalesced.job).cancel_requested_at,
+    (coalesced.job).snoozes,
+    coalesced.created, coalesced.notified
 FROM django_pgqueue_enqueue_coalesced(
     %(queue)s, %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(priority)s::integer,
     %(max_attempts)s::integer, %(available_at)s::timestamptz,
