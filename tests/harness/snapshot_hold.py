@@ -43,6 +43,9 @@ args.add_argument("--partitions", type=int, default=0)
 # ... or over this many concurrency keys (limit 2 each): pgq_concurrency_claim.
 args.add_argument("--keys", type=int, default=0)
 args.add_argument("--code", default=str(Path(__file__).resolve().parents[2]))
+# The job table in segments (tests/harness/segments.py), a new one every this many
+# seconds (0: the table as the migrations leave it).
+args.add_argument("--segments", type=float, default=0)
 opts = args.parse_args()
 
 dsn = opts.admin_dsn.rsplit("/", 1)[0] + "/" + opts.dbname
@@ -61,6 +64,12 @@ sys.path[:0] = [opts.code, f"{BENCH}/lib", PROJ]
 import django  # noqa: E402
 
 django.setup()
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))
+from tests.harness.segments import Rotator, convert  # noqa: E402
+
+if opts.segments:
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        convert(setup)
 from benchtasks.tasks import noop  # noqa: E402
 
 from django_pgqueue.models import Job  # noqa: E402
@@ -150,13 +159,20 @@ for n in range(opts.workers):
     )
 thread = threading.Thread(target=producer, daemon=True)
 thread.start()
+rotator = Rotator(dsn, opts.segments, stop) if opts.segments else None
+if rotator is not None:
+    rotator.start()
 
 SAMPLE_SQL = """
-SELECT n_dead_tup, n_live_tup,
-       pg_relation_size('django_pgqueue_job'),
-       pg_relation_size('pgq_job_claim'),
+SELECT coalesce(sum(stat.n_dead_tup), 0)::bigint, coalesce(sum(stat.n_live_tup), 0)::bigint,
+       coalesce(sum(pg_relation_size(stat.relid)), 0)::bigint,
+       (SELECT coalesce(sum(pg_relation_size(claim.indexrelid)), 0)::bigint
+        FROM pg_index AS claim WHERE claim.indexrelid = 'pgq_job_claim'::regclass
+           OR claim.indexrelid IN (SELECT relid FROM pg_partition_tree('pgq_job_claim'))),
        (SELECT count(*) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL)
-FROM pg_stat_user_tables WHERE relname = 'django_pgqueue_job'
+FROM pg_stat_user_tables AS stat
+WHERE stat.relid = 'django_pgqueue_job'::regclass
+   OR stat.relid IN (SELECT relid FROM pg_partition_tree('django_pgqueue_job'))
 """
 
 holder = None
@@ -206,6 +222,8 @@ try:
                         [table_name],
                     ).fetchone()
                     print(f"      {table_name} rows dead={part_dead}", flush=True)
+                if rotator is not None:
+                    print(f"      segments {rotator.counts} open={len(rotator.older) + 1}")
                 print(
                     f"{phase:5s} t={now:9.1f} completed/s={rate:8.0f} dead={dead:9d} "
                     f"live={live:8d} table={table / 2**20:7.1f}MB "
