@@ -133,11 +133,11 @@ class PsycopgRunner:
     """Runs statements on a dedicated psycopg connection (a worker's own).
 
     Its statements are prepared after a few uses. A migration that adds a column to a
-    table a statement returns whole (``RETURNING job.*``) makes the server refuse that
-    prepared statement from then on ("cached plan must not change result type"), and a
-    worker of the previous release would fail every claim until restarted. The runner
-    forgets the session's prepared statements when that happens and runs the statement
-    again, prepared anew.
+    table a statement returns whole (``RETURNING *``) makes the server refuse that
+    prepared statement from then on ("cached plan must not change result type"), until
+    the connection closes. The store's statements name their columns; should one not,
+    the runner forgets the session's prepared statements when that happens and runs the
+    statement again, prepared anew.
     """
 
     def __init__(self, connection: psycopg.Connection[Any], alias: str) -> None:
