@@ -162,3 +162,33 @@ def test_no_statement_needs_the_job_tables_unique_key_indexes():
         if re.search(r"ON CONFLICT \((idempotency_key|coalesce_key)\) WHERE", query.text)
     }
     assert arbiters == set()
+
+
+#: Statements sent once per job: by a producer per enqueue, by a worker per attempt.
+PER_JOB = (
+    "enqueue",
+    "enqueue_at",
+    "enqueue_after",
+    "enqueue_idempotent",
+    "enqueue_coalesced",
+    "select_by_idempotency_keys",
+    "complete_if_leased",
+    "fail_if_leased",
+    "extend_lease_if_leased",
+    "release_if_leased",
+    "snooze_if_leased",
+    "set_step_if_leased",
+)
+
+
+@pytest.mark.parametrize("name", PER_JOB)
+def test_statements_sent_per_job_fit_psycopgs_conversion_cache(name):
+    """psycopg converts a query's placeholders once and caches the result only for a
+    query of at most MAX_CACHED_STATEMENT_LENGTH bytes and MAX_CACHED_STATEMENT_PARAMS
+    parameters; a longer one is converted again on every call, which made a first
+    version of the coalesced enqueue twice as slow (performance.md)."""
+    from psycopg import _queries
+
+    query = QUERIES[name]
+    assert len(query.text.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    assert len(query.parameters) <= _queries.MAX_CACHED_STATEMENT_PARAMS
