@@ -118,9 +118,11 @@ def convert(conn: psycopg.Connection[Any]) -> None:
 class Rotator(threading.Thread):
     """A new segment every ``every`` seconds; older ones emptied whole once drained."""
 
-    def __init__(self, dsn: str, every: float, stop: threading.Event) -> None:
+    def __init__(
+        self, dsn: str, every: float, stop: threading.Event, *, ahead: bool = True
+    ) -> None:
         super().__init__(daemon=True)
-        self.dsn, self.every, self.stop = dsn, every, stop
+        self.dsn, self.every, self.stop, self.ahead = dsn, every, stop, ahead
         self.current = 0
         self.older: list[int] = []
         self.counts = dict.fromkeys(
@@ -128,6 +130,9 @@ class Rotator(threading.Thread):
         )
 
     def run(self) -> None:
+        if not self.ahead:
+            self.run_at_switch()
+            return
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             # One segment ahead: a statement whose transaction took the parent's lock
             # before a segment was attached routes rows with the partitions it saw then,
@@ -196,3 +201,23 @@ class Rotator(threading.Thread):
             return
         self.older.remove(segment)
         self.counts["dropped"] += 1
+
+    def run_at_switch(self) -> None:
+        """Attach each segment only when switching to it, then wait out older writers.
+
+        No empty segment stands open between switches, so a statement that finds a job
+        by id probes one segment fewer; the switch waits (polling pg_locks) for the
+        transactions that took the parent's lock before the ATTACH.
+        """
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.wait(self.every):
+                attached_at = self.attach(conn, self.current + 1)
+                while self.writers_before(conn, attached_at):
+                    self.counts["waited"] += 1
+                    if self.stop.wait(0.01):
+                        return
+                conn.execute("SELECT setval('pgq_segment_seq', %s)", [self.current + 1])
+                self.older.append(self.current)
+                self.current += 1
+                for segment in list(self.older):
+                    self.empty(conn, segment)

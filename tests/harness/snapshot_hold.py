@@ -8,6 +8,7 @@ index's size, and the statements running longer than 100 ms.
 
 usage: snapshot_hold.py ADMIN_DSN DBNAME --base S --hold S --after S [--workers 2]
        [--conc 10] [--backlog 20000] [--window 10] [--partitions N | --keys N] [--code PATH]
+       [--segments SECONDS [--no-ahead]]
 (the database DBNAME is dropped and created again)
 """
 
@@ -46,6 +47,8 @@ args.add_argument("--code", default=str(Path(__file__).resolve().parents[2]))
 # The job table in segments (tests/harness/segments.py), a new one every this many
 # seconds (0: the table as the migrations leave it).
 args.add_argument("--segments", type=float, default=0)
+# Attach each segment only at its switch (no empty segment open ahead of the current one).
+args.add_argument("--no-ahead", action="store_true")
 opts = args.parse_args()
 
 dsn = opts.admin_dsn.rsplit("/", 1)[0] + "/" + opts.dbname
@@ -159,7 +162,7 @@ for n in range(opts.workers):
     )
 thread = threading.Thread(target=producer, daemon=True)
 thread.start()
-rotator = Rotator(dsn, opts.segments, stop) if opts.segments else None
+rotator = Rotator(dsn, opts.segments, stop, ahead=not opts.no_ahead) if opts.segments else None
 if rotator is not None:
     rotator.start()
 
