@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from psycopg import _queries
 
 import django_pgqueue.store.statements
 from django_pgqueue.states import TRANSITIONS, JobStatus, Transition, WorkerStatus
@@ -187,8 +188,6 @@ def test_statements_sent_per_job_fit_psycopgs_conversion_cache(name):
     query of at most MAX_CACHED_STATEMENT_LENGTH bytes and MAX_CACHED_STATEMENT_PARAMS
     parameters; a longer one is converted again on every call, which made a first
     version of the coalesced enqueue twice as slow (performance.md)."""
-    from psycopg import _queries
-
     query = QUERIES[name]
     assert len(query.text.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
     assert len(query.parameters) <= _queries.MAX_CACHED_STATEMENT_PARAMS

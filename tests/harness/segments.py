@@ -143,12 +143,9 @@ class Rotator(threading.Thread):
                 if self.writers_before(conn, attached_at):
                     self.counts["waited"] += 1
                 else:
-                    conn.execute("SELECT setval('pgq_segment_seq', %s)", [self.current + 1])
-                    self.older.append(self.current)
-                    self.current += 1
+                    self.switch(conn)
                     attached_at = self.attach(conn, self.current + 1)
-                for segment in list(self.older):
-                    self.empty(conn, segment)
+                self.empty_older(conn)
 
     def writers_before(self, conn: psycopg.Connection[Any], moment: Any) -> int:
         return conn.execute(
@@ -212,12 +209,20 @@ class Rotator(threading.Thread):
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self.stop.wait(self.every):
                 attached_at = self.attach(conn, self.current + 1)
-                while self.writers_before(conn, attached_at):
+                if self.writers_before(conn, attached_at):
                     self.counts["waited"] += 1
-                    if self.stop.wait(0.01):
-                        return
-                conn.execute("SELECT setval('pgq_segment_seq', %s)", [self.current + 1])
-                self.older.append(self.current)
-                self.current += 1
-                for segment in list(self.older):
-                    self.empty(conn, segment)
+                    while self.writers_before(conn, attached_at):
+                        if self.stop.wait(0.01):
+                            return
+                self.switch(conn)
+                self.empty_older(conn)
+
+    def switch(self, conn: psycopg.Connection[Any]) -> None:
+        """Point new jobs at the next segment (attached, and no older writer left)."""
+        conn.execute("SELECT setval('pgq_segment_seq', %s)", [self.current + 1])
+        self.older.append(self.current)
+        self.current += 1
+
+    def empty_older(self, conn: psycopg.Connection[Any]) -> None:
+        for segment in list(self.older):
+            self.empty(conn, segment)
