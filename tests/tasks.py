@@ -137,7 +137,8 @@ def ledger_atomic_order(context: Any, lose_lease: bool = False) -> int:
         from django_pgqueue.store.queue import QueueStore
         from django_pgqueue.store.runners import PsycopgRunner
 
-        with connect("default", prepare=False) as conn:
+        # One transaction: the worker's heartbeat would renew the expired lease in between.
+        with connect("default", prepare=False) as conn, conn.transaction():
             conn.execute(
                 "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second' "
                 "WHERE id = %s",

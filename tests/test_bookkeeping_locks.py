@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 
 import pytest
+from django.db import connection, transaction
 from psycopg import sql
 
 from django_pgqueue.models import Job
@@ -147,13 +148,16 @@ def test_a_worker_that_took_over_a_lease_never_waits_on_the_first_workers_heartb
         )
         second_id = second.wait_registered(observer)
         # The plain job's lease runs out (as when the first worker is cut off) and it is
-        # recovered; the second worker takes it over.
-        observer.execute(
-            "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second', "
-            "queue = 'reports' WHERE id = %s",
-            [taken_over],
-        )
-        assert [job.job_id for job in Job.objects.reap_expired()] == [taken_over]
+        # recovered; the second worker takes it over. One transaction: the first worker's
+        # heartbeat renews a lease that expired but was not reaped yet, and skips the row
+        # while it is locked here.
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE django_pgqueue_job SET lease_expires_at = now() - interval '1 second', "
+                "queue = 'reports' WHERE id = %s",
+                [taken_over],
+            )
+            assert [job.job_id for job in Job.objects.reap_expired()] == [taken_over]
         wait_for(
             lambda: Job.objects.get(pk=taken_over).claimed_by == second_id,
             timeout=30,
