@@ -154,6 +154,7 @@ SERVER_SIDE = frozenset(
         "test_key_fold_order.py",
         "test_key_tables.py",
         "test_refresh_bounds_upgrade.py",
+        "test_fold_keys_upgrade.py",
         "test_schedule_cadence.py",
         "test_schedule_firing.py",
         "test_schedule_limits.py",

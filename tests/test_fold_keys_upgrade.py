@@ -1,0 +1,200 @@
+"""The upgrade to migration 0025 on a live queue of concurrency keys: a rolling deploy.
+
+The test database goes back to migration 0024. A worker and a producer running the
+previous release's code (``git archive`` of the commit before 0025) drain and enqueue
+jobs under concurrency keys while ``migrate`` runs (0025 and every later migration, as
+a user upgrading from that release does). The old producer's signals name no job, so
+after the migration the folds of both releases must look each key's best ready job up;
+a worker of this release joins, this release's producer enqueues too, and the old
+worker leaves. At the end every job ran exactly once, no key ran more than its limit at
+once, and both workers ran jobs after the migration without an error logged.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.values import JobSpec
+from tests.ledger import entries
+from tests.releases import checkout, previous_release
+from tests.workers import WorkerProcess, wait_for
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.soak]
+
+KEYS = 20
+LIMIT = 2
+#: Jobs per batch; three batches: before the migration, during it, after it.
+BATCH = 300
+TASK = "tests.tasks.ledger_sleep"
+#: Each job's run: long enough for a key's runs to overlap if its limit were not kept.
+SECONDS = 0.05
+
+#: The previous release's producer: on each line ``label``, BATCH jobs spread over the
+#: keys, enqueued with that release's statements (a signal naming no job per key).
+OLD_PRODUCER = f"""
+import sys
+import django
+django.setup()
+from django_pgqueue.models import Job
+from django_pgqueue.store.values import JobSpec
+print("ready", flush=True)
+for line in sys.stdin:
+    label = line.strip()
+    Job.objects.enqueue_many([
+        JobSpec({TASK!r}, kwargs={{"label": f"{{label}}{{n}}", "seconds": {SECONDS}}},
+                concurrency_key=f"key-{{n % {KEYS}}}", concurrency_limit={LIMIT})
+        for n in range({BATCH})
+    ])
+    print("done", flush=True)
+"""
+
+
+class OldProducer:
+    """The previous release's producer, one subprocess enqueueing a batch on request."""
+
+    def __init__(self, db_url: str, tree: Path) -> None:
+        env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", OLD_PRODUCER],
+            cwd=tree,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if line != word:
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=30)
+            raise AssertionError(f"the previous release's producer said {line!r}:\n{stderr}")
+
+    def enqueue(self, label: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{label}\n")
+        self.process.stdin.flush()
+        self._expect("done")
+
+    def close(self) -> None:
+        """End the producer (its input closes) and close its pipes."""
+        try:
+            self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate(timeout=30)
+
+
+def _succeeded(conn) -> int:
+    return conn.execute(
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
+        [TASK],
+    ).fetchone()[0]
+
+
+def _most_at_once(runs: list[tuple[object, object]]) -> int:
+    """The most runs that overlapped at one moment (an end before a start at a tie)."""
+    events = sorted([(start, 1) for start, _ in runs] + [(end, -1) for _, end in runs])
+    running = most = 0
+    for _, change in events:
+        running += change
+        most = max(most, running)
+    return most
+
+
+def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_connection):
+    conn = open_connection()
+    call_command("migrate", "django_pgqueue", "0024", verbosity=0)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
+            checkout(previous_release("0025_fold_keys_by_claim_order"), Path(old_tree))
+            producer = OldProducer(db_url, Path(old_tree))
+            old = new = None
+            try:
+                producer.enqueue("before-")
+                old = WorkerProcess(
+                    db_url, "--queue", "default", "--concurrency", "4", cwd=Path(old_tree)
+                )
+                wait_for(
+                    lambda: _succeeded(conn) > 30,
+                    timeout=120,
+                    message=f"the old worker to run jobs\n{old.output()}",
+                )
+                call_command("migrate", "django_pgqueue", verbosity=0)
+                connections.close_all()
+                (migrated,) = conn.execute("SELECT clock_timestamp()").fetchone()
+                # Signals naming no job, folded by the old worker's two-argument call
+                # and by the new worker's, once it starts.
+                producer.enqueue("during-")
+                new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
+                this_release = QueueStore(PsycopgRunner(open_connection(), "default"))
+                this_release.enqueue_many(
+                    [
+                        JobSpec(
+                            TASK,
+                            kwargs={"label": f"after-{n}", "seconds": SECONDS},
+                            concurrency_key=f"key-{n % KEYS}",
+                            concurrency_limit=LIMIT,
+                        )
+                        for n in range(BATCH)
+                    ]
+                )
+                wait_for(
+                    lambda: _succeeded(conn) > BATCH + 30,
+                    timeout=120,
+                    message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
+                )
+                old.stop()
+                wait_for(
+                    lambda: _succeeded(conn) == 3 * BATCH,
+                    timeout=300,
+                    message=f"every job to succeed\n{new.output()}",
+                )
+            finally:
+                producer.close()
+                if old is not None:
+                    old.stop()
+                if new is not None:
+                    new.stop()
+            # A failed statement (a function the migration dropped or changed, say) is
+            # logged and retried, not fatal: the logs must show none.
+            for worker in (old, new):
+                assert " ERROR " not in worker.output(), worker.output()
+        ledger = entries(conn)
+        starts = [entry for entry in ledger if entry["event"] == "start"]
+        assert len(starts) == 3 * BATCH
+        assert len({entry["job_id"] for entry in starts}) == 3 * BATCH, "a job ran twice"
+        assert {entry["worker_pid"] for entry in starts if entry["at"] > migrated} == {
+            old.pid,
+            new.pid,
+        }, "the old and the new worker both ran jobs after the migration"
+        key_of = dict(
+            conn.execute(
+                "SELECT id, concurrency_key FROM django_pgqueue_job_all WHERE task_path = %s",
+                [TASK],
+            ).fetchall()
+        )
+        ends = {entry["job_id"]: entry["at"] for entry in ledger if entry["event"] == "end"}
+        runs: dict[str, list[tuple[object, object]]] = defaultdict(list)
+        for entry in starts:
+            runs[key_of[entry["job_id"]]].append((entry["at"], ends[entry["job_id"]]))
+        assert set(runs) == {f"key-{n}" for n in range(KEYS)}
+        for key, key_runs in runs.items():
+            assert _most_at_once(key_runs) <= LIMIT, f"{key} ran more than {LIMIT} at once"
+    finally:
+        connections.close_all()
+        call_command("migrate", "django_pgqueue", verbosity=0)
