@@ -209,10 +209,12 @@ held_back (job_id) AS (
     WHERE dep.job_id = ANY (ARRAY(SELECT candidates.id FROM candidates))
       AND dep.on_failure = 'cancel'
 ),
-target AS (
-    SELECT candidates.id
-    FROM candidates
-    WHERE candidates.id <> ALL (ARRAY(SELECT held_back.job_id FROM held_back))
+target (id) AS (
+    -- A set difference, not "<> ALL (ARRAY(...))": that compares every candidate with
+    -- every job held back, the square of a large revival.
+    SELECT candidates.id FROM candidates
+    EXCEPT
+    SELECT held_back.job_id FROM held_back
 ),
 revived AS (
     UPDATE django_pgqueue_job AS job

@@ -1,0 +1,111 @@
+"""A statement's work grows with its rows, not with their square.
+
+A row set filtered by membership in an array another part of the same statement built
+(``x = ANY (ARRAY(SELECT ...))`` or ``<> ALL``, outside an index condition) compares each
+row with each element: a bulk enqueue of 40,000 partitioned jobs spent 9 s of its 9.4 s
+matching its inserted rows against its urgent partitions that way. The plans of every
+statement are checked for such filters over a CTE's rows; the few left are bounded by a
+claim's size and named here with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from django_pgqueue.store.intake import EnqueueDefaults, jobs_document, validated_many
+from django_pgqueue.store.notices import flow_channel
+from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.values import JobSpec
+from tests.plans import explain, walk
+from tests.test_indexes import PARAMS
+
+pytestmark = pytest.mark.timeout(120)
+
+NOOP = "tests.tasks.noop"
+#: Membership in an array parameter ($n: an InitPlan's result or a statement parameter).
+MEMBERSHIP = re.compile(r"(= ANY|<> ALL) \(+\$\d+")
+#: (statement, CTE) pairs whose rows are filtered that way, with why it stays small.
+BOUNDED = {
+    # A claim's own rows against the partition rows or keys it could not write by ctid:
+    # both at most the claim's size (a worker's batch), and the second usually empty.
+    ("claim_batch", "claimed"),
+    ("claim_batch", "key_updates"),
+}
+
+
+def _bulk_params(specs: list[JobSpec]) -> dict[str, Any]:
+    prepared = validated_many(specs, EnqueueDefaults.read())
+    for params in prepared:
+        del params["after"], params["on_blocker_failure"]
+    return {"channel": "c", "flow_channel": flow_channel(), "jobs": jobs_document(prepared)}
+
+
+def _cte_membership_filters(plan: dict[str, Any]) -> list[tuple[str, str]]:
+    return [
+        (node["CTE Name"], node["Filter"])
+        for node in walk(plan)
+        if node["Node Type"] == "CTE Scan" and MEMBERSHIP.search(node.get("Filter", ""))
+    ]
+
+
+def test_no_statement_filters_a_ctes_rows_by_an_array_it_built(open_connection):
+    conn = open_connection(prepare=False)
+    statements = {
+        **PARAMS,
+        "enqueue_many": _bulk_params(
+            [
+                JobSpec(NOOP, partition_key="p"),
+                JobSpec(NOOP, concurrency_key="k", concurrency_limit=1),
+            ]
+        ),
+    }
+    found = set()
+    for generic in (False, True):
+        for name, params in statements.items():
+            for cte, condition in _cte_membership_filters(
+                explain(conn, QUERIES[name].text, params, generic=generic)
+            ):
+                found.add((name, cte))
+                if (name, cte) not in BOUNDED:
+                    pytest.fail(f"{name} filters the rows of {cte} by {condition}")
+    # The allowance is not stale: each entry still names a filter of that kind.
+    assert found == BOUNDED
+
+
+def test_a_bulk_enqueue_announces_each_queue_of_a_ready_urgent_partition_or_key(
+    store, open_connection
+):
+    listen = open_connection(prepare=False)
+    listen.execute(f"LISTEN {flow_channel()}")
+    # Queue "lazy": its key's row comes to name a ready next job (a round folds the
+    # signals and starts the first), so another job of the key signals lazily.
+    lazy = JobSpec(NOOP, queue="lazy", concurrency_key="lazy-key", concurrency_limit=1)
+    store.enqueue_many([lazy, lazy])
+    store.claim_round("w", ["lazy"], per_queue=10, lease_seconds=30)
+    list(listen.notifies(timeout=0.5))  # what the setup announced
+    later = timezone.now() + timedelta(hours=1)
+    store.enqueue_many(
+        [
+            JobSpec(NOOP, queue="parts", partition_key="p-1"),
+            JobSpec(NOOP, queue="parts", partition_key="p-2"),
+            JobSpec(NOOP, queue="parts", partition_key="p-1"),
+            JobSpec(NOOP, queue="keys", concurrency_key="k", concurrency_limit=2),
+            JobSpec(NOOP, queue="keys", concurrency_key="k", concurrency_limit=2),
+            # One partition's jobs in two queues: both are told.
+            JobSpec(NOOP, queue="left", partition_key="shared"),
+            JobSpec(NOOP, queue="right", partition_key="shared"),
+            # Not ready yet: nothing to claim, nothing to announce.
+            JobSpec(
+                NOOP, queue="later", concurrency_key="s", concurrency_limit=1, available_at=later
+            ),
+            JobSpec(NOOP, queue="plain"),
+            lazy,
+        ]
+    )
+    payloads = sorted(notify.payload for notify in listen.notifies(timeout=1))
+    assert payloads == ["keys", "left", "parts", "right"]
