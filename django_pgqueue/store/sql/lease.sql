@@ -522,8 +522,11 @@ counted_late AS (
         refreshed_at = now()
     FROM key_updates
     WHERE conc.concurrency_key = key_updates.concurrency_key
-      AND key_updates.concurrency_key
-          <> ALL (ARRAY(SELECT counted.concurrency_key FROM counted))
+      -- An anti-join, not "<> ALL (ARRAY(...))", which compares every key with every
+      -- key written: the square of a large claim (tests/test_statement_scaling.py).
+      AND NOT EXISTS (
+          SELECT FROM counted WHERE counted.concurrency_key = key_updates.concurrency_key
+      )
     RETURNING conc.concurrency_key,
         conc.head_id IS NOT NULL AND conc.in_flight < conc.max_in_flight
             AND conc.wake_at IS NULL AS still_open
@@ -552,7 +555,9 @@ running_late AS (
         refreshed_at = now()
     FROM claimed
     WHERE part.partition_key = claimed.partition_key
-      AND claimed.partition_key <> ALL (ARRAY(SELECT running.partition_key FROM running))
+      AND NOT EXISTS (
+          SELECT FROM running WHERE running.partition_key = claimed.partition_key
+      )
     RETURNING part.partition_key
 ),
 -- end flow
