@@ -63,7 +63,12 @@ def explain(
     conn.execute(GENERIC_PLAN_SESSION)
     try:
         arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
-        query = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
+        # A statement without parameters is executed without parentheses.
+        query = (
+            sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
+            if order
+            else sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe")
+        )
         (rows,) = conn.execute(query).fetchone()  # type: ignore[misc]
     finally:
         conn.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET jit")

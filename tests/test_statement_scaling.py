@@ -3,8 +3,10 @@
 A row set filtered by membership in an array another part of the same statement built
 (``x = ANY (ARRAY(SELECT ...))`` or ``<> ALL``, outside an index condition) compares each
 row with each element: a bulk enqueue of 40,000 partitioned jobs spent 9 s of its 9.4 s
-matching its inserted rows against its urgent partitions that way. The plans of every
-statement are checked for such filters over a CTE's rows.
+matching its inserted rows against its urgent partitions that way. The plans of the
+statements on the job table (``tests/test_indexes.py``'s list and the bulk enqueue), of
+housekeeping's and the flow's batch statements and of the admin's queries are checked
+for such filters over a CTE's rows, generic and custom.
 """
 
 from __future__ import annotations
@@ -21,11 +23,23 @@ from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
 from tests.plans import explain, walk
+from tests.test_admin_indexes import ADMIN_QUERIES
 from tests.test_indexes import PARAMS
 
 pytestmark = pytest.mark.timeout(120)
 
 NOOP = "tests.tasks.noop"
+#: Housekeeping's and the flow's batch statements that do not touch the job table (not in
+#: tests/test_indexes.py's list).
+BATCHES: dict[str, dict[str, Any]] = {
+    "fold_signals": {"batch_size": 1000},
+    "fold_lazy_signals": {"batch_size": 1000, "flow_channel": "f"},
+    "wake_due": {"batch_size": 1000},
+    "repair_partitions": {"partition_keys": ["a", "b"]},
+    "prune_idle_concurrency_keys": {"limit": 1000},
+    "lock_idempotency_keys": {"limit": 1000, "recheck_seconds": 300.0},
+    "lock_coalesce_keys": {"limit": 1000, "recheck_seconds": 300.0},
+}
 #: Membership in an array parameter: a statement parameter or an InitPlan's result,
 #: "$12" before PostgreSQL 17 and "(InitPlan 9).col1" since.
 MEMBERSHIP = re.compile(r"(= ANY|<> ALL) \(+(\$\d+|InitPlan \d+\))")
@@ -50,6 +64,15 @@ def test_no_statement_filters_a_ctes_rows_by_an_array_it_built(open_connection):
     conn = open_connection(prepare=False)
     statements = {
         **PARAMS,
+        **BATCHES,
+        # The admin's by-id queries name a job the plan need not find.
+        **{
+            name: {
+                key: 1 if isinstance(value, str) and "{" in value else value
+                for key, value in params.items()
+            }
+            for name, (params, _) in ADMIN_QUERIES.items()
+        },
         "enqueue_many": _bulk_params(
             [
                 JobSpec(NOOP, partition_key="p"),
