@@ -102,6 +102,34 @@ def segments_read(plan: dict[str, Any]) -> tuple[set[int], int, set[int]]:
     return ran, pruned, sequential
 
 
+def make_database(admin_dsn: str, dbname: str) -> str:
+    """Create ``dbname`` anew, migrate it with the test settings; return its DSN."""
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{dbname}"')
+    dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=dbname)
+    env = {**os.environ, "DATABASE_URL": dsn, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    subprocess.run(
+        [sys.executable, "-m", "tests.manage", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+    return dsn
+
+
+def segment(dsn: str, segments: int, rows: int) -> None:
+    """Convert the job table and give it ``segments`` segments of ``rows`` jobs each."""
+    from tests.harness.segments import Rotator, convert
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SEED, {"rows": rows})
+        convert(conn)
+        rotator = Rotator(dsn, 0, None)  # type: ignore[arg-type]
+        for _ in range(segments - 1):
+            rotator.attach(conn, rotator.current + 1)
+            rotator.switch(conn)
+            conn.execute(SEED, {"rows": rows})
+        conn.execute("VACUUM ANALYZE django_pgqueue_job")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("admin_dsn")
@@ -109,33 +137,18 @@ def main() -> None:
     parser.add_argument("--segments", type=int, default=3)
     parser.add_argument("--rows", type=int, default=3000, help="jobs per segment")
     opts = parser.parse_args()
-    with psycopg.connect(opts.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{opts.dbname}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{opts.dbname}"')
-    dsn = psycopg.conninfo.make_conninfo(opts.admin_dsn, dbname=opts.dbname)
-    env = {**os.environ, "DATABASE_URL": dsn, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    subprocess.run(
-        [sys.executable, "-m", "tests.manage", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-    )
-    os.environ.update(env)
+    dsn = make_database(opts.admin_dsn, opts.dbname)
+    segment(dsn, opts.segments, opts.rows)
+    os.environ.update({"DATABASE_URL": dsn, "DJANGO_SETTINGS_MODULE": "tests.settings"})
     import django
 
     django.setup()
     from django_pgqueue.store.intake import EnqueueDefaults, jobs_document, validated_many
     from django_pgqueue.store.sql import QUERIES
     from django_pgqueue.store.values import JobSpec
-    from tests.harness.segments import Rotator, convert
     from tests.test_indexes import PARAMS
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SEED, {"rows": opts.rows})
-        convert(conn)
-        rotator = Rotator(dsn, 0, None)  # type: ignore[arg-type]
-        for _ in range(opts.segments - 1):
-            rotator.attach(conn, rotator.current + 1)
-            rotator.switch(conn)
-            conn.execute(SEED, {"rows": opts.rows})
-        conn.execute("VACUUM ANALYZE django_pgqueue_job")
         specs = [
             JobSpec("tests.tasks.noop"),
             JobSpec("tests.tasks.noop", partition_key="part-1"),
