@@ -45,6 +45,23 @@ BATCHES: dict[str, dict[str, Any]] = {
 MEMBERSHIP = re.compile(r"(= ANY|<> ALL) \(+(\$\d+|InitPlan \d+\))")
 
 
+#: Housekeeping's statements, whose batches a setting sizes (PGQUEUE_PRUNE_BATCH_SIZE, up
+#: to a million): no scan of theirs may filter its rows by "<> ALL" of another array,
+#: which, never an index condition, compares each row with each element.
+HOUSEKEEPING = (
+    "reap_expired",
+    "expired_job_ids",
+    "prune_finished",
+    "prune_dead_letters",
+    "move_finished",
+    "free_idempotency_keys",
+    "free_coalesce_keys",
+    "partitions_out_of_date",
+    *BATCHES,
+)
+EXCLUSION = re.compile(r"<> ALL \(+(\$\d+|InitPlan \d+\))")
+
+
 def _bulk_params(specs: list[JobSpec]) -> dict[str, Any]:
     prepared = validated_many(specs, EnqueueDefaults.read())
     for params in prepared:
@@ -123,3 +140,17 @@ def test_a_bulk_enqueue_announces_each_queue_of_a_ready_urgent_partition_or_key(
     )
     payloads = sorted(notify.payload for notify in listen.notifies(timeout=1))
     assert payloads == ["keys", "left", "parts", "right"]
+
+
+def test_no_housekeeping_batch_filters_its_rows_by_another_array(open_connection):
+    conn = open_connection(prepare=False)
+    statements = {**PARAMS, **BATCHES}
+    found = [
+        f"{'generic' if generic else 'custom'}: {name}: {node['Node Type']} {condition}"
+        for generic in (False, True)
+        for name in HOUSEKEEPING
+        for node in walk(explain(conn, QUERIES[name].text, statements[name], generic=generic))
+        for condition in (node.get("Filter", ""), node.get("Join Filter", ""))
+        if EXCLUSION.search(condition)
+    ]
+    assert not found, "\n".join(found)

@@ -181,9 +181,15 @@ rechecked AS (
     WHERE taken.idempotency_key = ANY (ARRAY(SELECT held.idempotency_key FROM held))
 ),
 freed AS (
+    -- The keys less the held ones as a set difference, then probes of the primary key:
+    -- "<> ALL" of the held keys compared every key with every held one, 2 s for a
+    -- batch of 20,000 keys that jobs still hold.
     DELETE FROM django_pgqueue_job_key AS taken
-    WHERE taken.idempotency_key = ANY (%(keys)s::text[])
-      AND taken.idempotency_key <> ALL (ARRAY(SELECT held.idempotency_key FROM held))
+    WHERE taken.idempotency_key = ANY (ARRAY(
+        SELECT given.key FROM unnest(%(keys)s::text[]) AS given (key)
+        EXCEPT
+        SELECT held.idempotency_key FROM held
+    ))
     RETURNING 1
 )
 SELECT count(*) AS freed FROM freed

@@ -428,9 +428,13 @@ rechecked AS (
     WHERE taken.coalesce_key = ANY (ARRAY(SELECT held.coalesce_key FROM held))
 ),
 freed AS (
+    -- A set difference, then probes of the primary key (as free_idempotency_keys).
     DELETE FROM django_pgqueue_coalesce_key AS taken
-    WHERE taken.coalesce_key = ANY (%(keys)s::text[])
-      AND taken.coalesce_key <> ALL (ARRAY(SELECT held.coalesce_key FROM held))
+    WHERE taken.coalesce_key = ANY (ARRAY(
+        SELECT given.key FROM unnest(%(keys)s::text[]) AS given (key)
+        EXCEPT
+        SELECT held.coalesce_key FROM held
+    ))
     RETURNING 1
 )
 SELECT count(*) AS freed FROM freed
