@@ -1,10 +1,14 @@
-"""Parameters of claim_batch for tests that send its text directly."""
+"""Parameters of claim_batch and enqueue_many for tests that send their text directly."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from django_pgqueue.store.intake import EnqueueDefaults, jobs_document, validated_many
+from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.statements.lease import floor_params
+from django_pgqueue.store.values import JobSpec
 
 
 def no_flow_floors(queues: int) -> dict[str, list[Any]]:
@@ -26,3 +30,11 @@ def claim_params(limit: int, *, worker_id: str = "probe", **overrides: Any) -> d
         **no_flow_floors(1),
         **overrides,
     }
+
+
+def enqueue_many_params(specs: Sequence[JobSpec]) -> dict[str, Any]:
+    """Return the parameters of one bulk enqueue of ``specs`` (no dependencies)."""
+    prepared = validated_many(list(specs), EnqueueDefaults.read())
+    for params in prepared:
+        del params["after"], params["on_blocker_failure"]
+    return {"channel": "c", "flow_channel": flow_channel(), "jobs": jobs_document(prepared)}

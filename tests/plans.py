@@ -41,15 +41,18 @@ def explain(
     params: Mapping[str, Any],
     *,
     generic: bool = False,
+    analyze: bool = False,
 ) -> dict[str, Any]:
     """Return the root node of the plan of ``text`` (named ``%(x)s`` placeholders).
 
     ``generic`` prepares the text with numbered parameters in a worker's session and
     explains its execution, so the plan is the one a worker's prepared statement gets; the
-    session's settings are reset afterwards.
+    session's settings are reset afterwards. ``analyze`` runs the statement (the caller
+    rolls back what it wrote).
     """
+    options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
     if not generic:
-        (rows,) = conn.execute(f"EXPLAIN (FORMAT JSON) {text}", params).fetchone()  # type: ignore[misc]
+        (rows,) = conn.execute(f"EXPLAIN ({options}) {text}", params).fetchone()  # type: ignore[misc]
         return _root(rows)
     order: list[str] = []
 
@@ -65,9 +68,9 @@ def explain(
         arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
         # A statement without parameters is executed without parentheses.
         query = (
-            sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe({})").format(arguments)
+            sql.SQL(f"EXPLAIN ({options}) EXECUTE probe({{}})").format(arguments)
             if order
-            else sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE probe")
+            else sql.SQL(f"EXPLAIN ({options}) EXECUTE probe")
         )
         (rows,) = conn.execute(query).fetchone()  # type: ignore[misc]
     finally:

@@ -1,13 +1,25 @@
-"""An earlier release's code, for rolling-deploy tests: its workers run from a checkout."""
+"""An earlier release's code, for rolling-deploy tests: its workers run from a checkout.
+
+Also what every rolling-deploy test asserts of the workers of both releases.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tarfile
+from collections.abc import Sequence
+from datetime import datetime
 from io import BytesIO
 from pathlib import Path
+from typing import Any
+
+import psycopg
 
 from tests.database import REPO
+from tests.ledger import entries
+from tests.workers import WorkerProcess
 
 
 def previous_release(migration: str) -> str:
@@ -39,3 +51,45 @@ def checkout(commit: str, into: Path) -> None:
     ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
+
+
+def python(db_url: str, tree: Path, script: str, *args: str) -> subprocess.Popen[str]:
+    """Run ``script`` with the checkout in ``tree`` (its package and test settings), with
+    pipes for its input and output."""
+    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=tree,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def assert_logged_no_error(*workers: WorkerProcess | None) -> None:
+    """A failed statement (a function or column a migration changed, say) is logged and
+    retried, not fatal: the logs of the workers of both releases must show none."""
+    for worker in workers:
+        if worker is not None:
+            assert " ERROR " not in worker.output(), worker.output()
+
+
+def assert_each_ran_once(
+    conn: psycopg.Connection[Any],
+    jobs: int,
+    workers: Sequence[WorkerProcess],
+    *,
+    migrated: datetime,
+) -> list[dict[str, Any]]:
+    """Every one of ``jobs`` jobs started once (the ledger), and each of ``workers``
+    started some after ``migrated``; return the ledger."""
+    ledger = entries(conn)
+    starts = [entry for entry in ledger if entry["event"] == "start"]
+    assert len(starts) == jobs
+    assert len({entry["job_id"] for entry in starts}) == jobs, "a job ran twice"
+    assert {entry["worker_pid"] for entry in starts if entry["at"] > migrated} == {
+        worker.pid for worker in workers
+    }, "the old and the new worker both ran jobs after the migration"
+    return ledger

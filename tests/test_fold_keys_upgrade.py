@@ -12,9 +12,7 @@ once, and both workers ran jobs after the migration without an error logged.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -26,8 +24,13 @@ from django.db import connections
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.store.values import JobSpec
-from tests.ledger import entries
-from tests.releases import checkout, previous_release
+from tests.releases import (
+    assert_each_ran_once,
+    assert_logged_no_error,
+    checkout,
+    previous_release,
+    python,
+)
 from tests.workers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.soak]
@@ -64,16 +67,7 @@ class OldProducer:
     """The previous release's producer, one subprocess enqueueing a batch on request."""
 
     def __init__(self, db_url: str, tree: Path) -> None:
-        env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", OLD_PRODUCER],
-            cwd=tree,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        self.process = python(db_url, tree, OLD_PRODUCER)
         self._expect("ready")
 
     def _expect(self, word: str) -> None:
@@ -170,18 +164,9 @@ def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_
                     old.stop()
                 if new is not None:
                     new.stop()
-            # A failed statement (a function the migration dropped or changed, say) is
-            # logged and retried, not fatal: the logs must show none.
-            for worker in (old, new):
-                assert " ERROR " not in worker.output(), worker.output()
-        ledger = entries(conn)
+            assert_logged_no_error(old, new)
+        ledger = assert_each_ran_once(conn, 3 * BATCH, [old, new], migrated=migrated)
         starts = [entry for entry in ledger if entry["event"] == "start"]
-        assert len(starts) == 3 * BATCH
-        assert len({entry["job_id"] for entry in starts}) == 3 * BATCH, "a job ran twice"
-        assert {entry["worker_pid"] for entry in starts if entry["at"] > migrated} == {
-            old.pid,
-            new.pid,
-        }, "the old and the new worker both ran jobs after the migration"
         key_of = dict(
             conn.execute(
                 "SELECT id, concurrency_key FROM django_pgqueue_job_all WHERE task_path = %s",

@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.db import connections
 
 from tests.ledger import entries
-from tests.releases import checkout, previous_release
+from tests.releases import assert_logged_no_error, checkout, previous_release
 from tests.workers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.soak]
@@ -154,10 +154,7 @@ def test_a_rolling_deploy_moves_the_history_without_losing_or_repeating_a_job(
                 old.stop()
                 if new is not None:
                     new.stop()
-            # A failed statement (a function or column the migration changed, say) is
-            # logged and retried, not fatal: the logs must show none.
-            for worker in (old, new):
-                assert " ERROR " not in worker.output(), worker.output()
+            assert_logged_no_error(old, new)
         starts = conn.execute(
             "SELECT job_id, count(*) FROM tests_ledgerentry WHERE event = 'start' GROUP BY job_id"
         ).fetchall()

@@ -12,9 +12,6 @@ housekeeping against producers acting on the same key at the same moment.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -31,7 +28,7 @@ from django_pgqueue.store.retry import RetryPolicy
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import Failure, JobSpec
 from django_pgqueue.worker.housekeeping import COALESCE_KEY_RECHECK_SECONDS
-from tests.releases import checkout, previous_release
+from tests.releases import checkout, previous_release, python
 from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -446,16 +443,7 @@ def test_old_and_new_producers_racing_on_the_same_keys_keep_one_job_per_key(
 
     with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
         checkout(previous_release("0026_keys_outside_job_indexes"), Path(old_tree))
-        env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-        old = subprocess.Popen(
-            [sys.executable, "-c", OLD_PRODUCER, str(rounds), str(keys)],
-            cwd=old_tree,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        old = python(db_url, Path(old_tree), OLD_PRODUCER, str(rounds), str(keys))
         assert old.stdout is not None
         assert old.stdin is not None
         assert old.stdout.readline().strip() == "ready", old.stderr

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from django_pgqueue.store.intake import EnqueueDefaults, jobs_document, validated_many
 from django_pgqueue.store.notices import flow_channel
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.values import JobSpec
+from tests.claim_params import enqueue_many_params
 from tests.plans import explain, walk
 from tests.test_admin_indexes import ADMIN_QUERIES
 from tests.test_indexes import PARAMS
@@ -62,13 +62,6 @@ HOUSEKEEPING = (
 EXCLUSION = re.compile(r"<> ALL \(+(\$\d+|InitPlan \d+\))")
 
 
-def _bulk_params(specs: list[JobSpec]) -> dict[str, Any]:
-    prepared = validated_many(specs, EnqueueDefaults.read())
-    for params in prepared:
-        del params["after"], params["on_blocker_failure"]
-    return {"channel": "c", "flow_channel": flow_channel(), "jobs": jobs_document(prepared)}
-
-
 def _cte_membership_filters(plan: dict[str, Any]) -> list[tuple[str, str]]:
     return [
         (node["CTE Name"], node["Filter"])
@@ -90,7 +83,7 @@ def test_no_statement_filters_a_ctes_rows_by_an_array_it_built(open_connection):
             }
             for name, (params, _) in ADMIN_QUERIES.items()
         },
-        "enqueue_many": _bulk_params(
+        "enqueue_many": enqueue_many_params(
             [
                 JobSpec(NOOP, partition_key="p"),
                 JobSpec(NOOP, concurrency_key="k", concurrency_limit=1),

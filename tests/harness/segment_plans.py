@@ -19,23 +19,19 @@ alone does not say which segment holds the job.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg import sql
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SEGMENT = re.compile(r"^django_pgqueue_job_s(\d+)$")
-_NAMED = re.compile(r"%\(([a-z_]+)\)s")
 
 SEED = """
 INSERT INTO django_pgqueue_job (
@@ -58,37 +54,10 @@ FROM generate_series(1, %(rows)s) AS g
 """
 
 
-def walk(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from walk(child)
-
-
-def analyzed(conn: psycopg.Connection[Any], text: str, params: dict[str, Any], *, generic: bool):
-    """The root of ``EXPLAIN ANALYZE`` of ``text``, rolled back; generic as a worker's."""
-    order: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match.group(1) not in order:
-            order.append(match.group(1))
-        return f"${order.index(match.group(1)) + 1}"
-
-    with conn.transaction(force_rollback=True):
-        if not generic:
-            (rows,) = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {text}", params).fetchone()
-            return (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
-        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        conn.execute(f"PREPARE probe AS {_NAMED.sub(number, text)}")
-        arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
-        (rows,) = conn.execute(
-            sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE probe({})").format(arguments)
-        ).fetchone()
-        conn.execute("DEALLOCATE probe")
-        return (json.loads(rows) if isinstance(rows, str) else rows)[0]["Plan"]
-
-
 def segments_read(plan: dict[str, Any]) -> tuple[set[int], int, set[int]]:
     """(segments whose scans ran, subplans pruned at start-up, segments scanned in full)."""
+    from tests.plans import walk
+
     ran: set[int] = set()
     sequential: set[int] = set()
     pruned = 0
@@ -143,9 +112,10 @@ def main() -> None:
     import django
 
     django.setup()
-    from django_pgqueue.store.intake import EnqueueDefaults, jobs_document, validated_many
     from django_pgqueue.store.sql import QUERIES
     from django_pgqueue.store.values import JobSpec
+    from tests.claim_params import enqueue_many_params
+    from tests.plans import explain
     from tests.test_indexes import PARAMS
 
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -154,20 +124,17 @@ def main() -> None:
             JobSpec("tests.tasks.noop", partition_key="part-1"),
             JobSpec("tests.tasks.noop", concurrency_key="key-2", concurrency_limit=2),
         ]
-        prepared = validated_many(specs, EnqueueDefaults.read())
-        for params in prepared:
-            del params["after"], params["on_blocker_failure"]
-        statements = {
-            **PARAMS,
-            "enqueue_many": {"channel": "c", "flow_channel": "f", "jobs": jobs_document(prepared)},
-        }
+        statements = {**PARAMS, "enqueue_many": enqueue_many_params(specs)}
         # The lists' statements by id name jobs 1 to 3: all in the first segment.
         print(f"{opts.segments} segments, {opts.rows} jobs each")
         print(f"{'statement':32} {'plan':8} {'segments read':16} {'pruned at start':16} seq scans")
         for name, params in statements.items():
             for generic in (True, False):
                 try:
-                    plan = analyzed(conn, QUERIES[name].text, params, generic=generic)
+                    with conn.transaction(force_rollback=True):
+                        plan = explain(
+                            conn, QUERIES[name].text, params, generic=generic, analyze=True
+                        )
                 except psycopg.Error as error:
                     print(f"{name:32} {'generic' if generic else 'custom':8} failed: {error}")
                     continue
