@@ -31,6 +31,13 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@task
+def add_slowly(a: int, b: int, seconds: float = 0.005) -> int:
+    """Return a + b after a pause, so a drain lasts long enough to be interrupted."""
+    time.sleep(seconds)
+    return a + b
+
+
 @task(max_attempts=3)
 def always_fails(message: str = "boom") -> None:
     """Raise every time."""
