@@ -156,6 +156,7 @@ SERVER_SIDE = frozenset(
         "test_refresh_bounds_upgrade.py",
         "test_fold_keys_upgrade.py",
         "test_statement_scaling.py",
+        "test_segments.py",
         "test_schedule_cadence.py",
         "test_schedule_firing.py",
         "test_schedule_limits.py",

@@ -1,0 +1,867 @@
+"""The job table in segments: its conversion to a partitioned table and back.
+
+A table that keeps one row per job cannot shed the dead versions a long transaction's
+snapshot may still read: VACUUM must keep them all. A partition made after that snapshot
+was taken can be emptied whole while it is held (performance.md, "A job table in
+segments"). :func:`enable` makes the job table a table partitioned by ``LIST
+(segment)`` whose one partition, segment 0, is the table as it was; :func:`disable` makes
+a job table left with one segment a plain table again, with the schema the migrations
+give. Both run on a live table while workers and producers go on:
+
+- every long step (index builds, the ``CHECK`` that lets ``ATTACH PARTITION`` skip its
+  scan) takes no lock that blocks the queue;
+- the swap is one short transaction behind a ``lock_timeout``, tried again until it gets
+  the job table's lock, so a long statement delays it rather than the queue waiting
+  behind it;
+- every step before the swap can run again: a conversion stopped half way (a crash, a
+  lock it never got) is finished by running it again, and until the swap the job table
+  is a plain table every statement works on.
+
+The job table's unique key indexes (``pgq_job_idempotency_key``, ``pgq_job_coalesce_key``)
+cannot be carried over: a partitioned table's unique indexes must include its partition
+key. Since migration 0026 the key tables alone keep one job per key, and the indexes stay
+only as a backstop for the previous release's producers, so :func:`enable` may only run
+once none of those is left. It replaces the unique idempotency index by a plain one
+(``pgq_job_idempotency``), which the look-ups of a key's job read, and saves what it
+drops (the index definitions, and the coalesced enqueue's definition with its backstop)
+in ``pgq_segment_saved`` for :func:`disable` to restore.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from django_pgqueue.exceptions import PgQueueError
+from django_pgqueue.store.sql import _without
+
+__all__ = [
+    "JOB_TABLE",
+    "Layout",
+    "SegmentLayoutError",
+    "SwapReport",
+    "disable",
+    "enable",
+    "layout",
+    "prepare",
+]
+
+logger = logging.getLogger("django_pgqueue.segments")
+
+JOB_TABLE = "django_pgqueue_job"
+VIEW = "django_pgqueue_job_all"
+SEQUENCE = "pgq_segment_seq"
+CURRENT = "pgq_current_segment"
+SAVED = "pgq_segment_saved"
+PARENT = "pgq_job_parent"  # the partitioned table while enable builds it
+RETIRED = "pgq_job_retired"  # the partitioned table while disable drops it
+IDEMPOTENCY = "pgq_job_idempotency"  # the plain index the key look-ups read
+COALESCED_TYPE = "pgq_coalesced_job"  # the coalesced enqueue's result, not the table's row
+UNIQUE_KEYS = ("pgq_job_idempotency_key", "pgq_job_coalesce_key")
+FIRST_KEY = "pgq_job_s0_key"  # (id, segment): segment 0's primary key once attached
+PLAIN_KEY = "pgq_job_plain_key"  # (id): the plain table's primary key once detached
+
+
+class SegmentLayoutError(PgQueueError):
+    """The job table cannot be converted as asked. The step that failed changed nothing;
+    the steps before it are kept, and running the conversion again goes on from there."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the job table is stored now."""
+
+    segmented: bool
+    #: The attached segments' numbers, oldest first (empty for a plain table).
+    segments: tuple[int, ...]
+    #: The segment new jobs go to (None for a plain table).
+    current: int | None
+
+
+@dataclass(frozen=True)
+class SwapReport:
+    """What a conversion did: how long its swap held the job table's lock, and after how
+    many tries of ``lock_timeout`` it got it."""
+
+    lock_held_ms: float
+    tries: int
+
+
+def segment_table(number: int) -> str:
+    """The name of segment ``number``'s table."""
+    return f"{JOB_TABLE}_s{number}"
+
+
+def layout(conn: psycopg.Connection[Any]) -> Layout:
+    """Return how the job table is stored (it must exist: ``migrate`` first)."""
+    kind = _relkind(conn, JOB_TABLE)
+    if kind is None:
+        raise SegmentLayoutError(f"{JOB_TABLE} does not exist: run migrate first")
+    if kind != "p":
+        return Layout(False, (), None)
+    rows = conn.execute(
+        "SELECT pg_get_expr(child.relpartbound, child.oid) FROM pg_inherits "
+        "JOIN pg_class AS child ON child.oid = pg_inherits.inhrelid "
+        "WHERE pg_inherits.inhparent = %s::regclass",
+        [JOB_TABLE],
+    ).fetchall()
+    segments = sorted(int(re.sub(r"\D", "", bound)) for (bound,) in rows)
+    (current,) = conn.execute(f"SELECT {CURRENT}()").fetchone() or (None,)
+    return Layout(True, tuple(segments), current)
+
+
+def enable(
+    conn: psycopg.Connection[Any],
+    *,
+    lock_timeout: float = 0.5,
+    tries: int = 120,
+    pause: Callable[[float], None] = time.sleep,
+) -> SwapReport:
+    """Make the job table segment 0 of a partitioned job table, on a live table.
+
+    ``conn`` must be in autocommit mode (the indexes are built concurrently). Runs
+    :func:`prepare` (a no-op when it ran before), then the swap. Every statement that
+    needs the job table's exclusive lock waits at most ``lock_timeout`` seconds for it,
+    ``tries`` times, pausing between tries; :class:`SegmentLayoutError` if it never gets
+    it (the steps before are kept; running ``enable`` again finishes the conversion).
+    """
+    patience = _Patience(lock_timeout, tries, pause)
+    prepare(conn, lock_timeout=lock_timeout, tries=tries, pause=pause)
+    report = _swap(conn, _enable_swap, patience)
+    for name in UNIQUE_KEYS:
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+    logger.info(
+        "%s is now in segments: the swap held its lock %.0f ms (try %d)",
+        JOB_TABLE,
+        report.lock_held_ms,
+        report.tries,
+    )
+    return report
+
+
+def prepare(
+    conn: psycopg.Connection[Any],
+    *,
+    lock_timeout: float = 0.5,
+    tries: int = 120,
+    pause: Callable[[float], None] = time.sleep,
+) -> None:
+    """The long steps of :func:`enable`, before its swap; each is skipped once done.
+
+    They leave the job table a plain table every statement works on: a ``segment``
+    column (a constant default, so no rewrite), two indexes built concurrently (segment
+    0's primary key, and the plain index of idempotency keys), a ``CHECK (segment =
+    0)`` validated under a lock that lets writes go on, and the partitioned table, built
+    empty under a name of its own. Run alone, it moves the slow part of a conversion to
+    a quiet hour.
+    """
+    patience = _Patience(lock_timeout, tries, pause)
+    _require_autocommit(conn)
+    _require_latest_migration(conn)
+    if _relkind(conn, JOB_TABLE) == "p":
+        raise SegmentLayoutError(f"{JOB_TABLE} is in segments already")
+    unknown = [name for name in _unique_indexes(conn, JOB_TABLE) if name not in _CARRIED]
+    if unknown:
+        raise SegmentLayoutError(
+            f"{JOB_TABLE} has unique indexes a partitioned table cannot carry: "
+            + ", ".join(unknown)
+        )
+    # A constant default: no rewrite. Then segment 0's primary key and the plain index
+    # the key look-ups will read, and the CHECK that lets ATTACH skip its scan, validated
+    # under a lock that lets writes go on.
+    if not _has_column(conn, JOB_TABLE, "segment"):
+        _alter(
+            conn,
+            f"ALTER TABLE {JOB_TABLE} ADD COLUMN segment integer NOT NULL DEFAULT 0",
+            patience,
+        )
+    _build_concurrently(
+        conn,
+        FIRST_KEY,
+        f"CREATE UNIQUE INDEX CONCURRENTLY {FIRST_KEY} ON {JOB_TABLE} (id, segment)",
+    )
+    _build_concurrently(
+        conn,
+        IDEMPOTENCY,
+        f"CREATE INDEX CONCURRENTLY {IDEMPOTENCY} ON {JOB_TABLE} (idempotency_key) "
+        "WHERE idempotency_key IS NOT NULL",
+    )
+    if not _has_constraint(conn, JOB_TABLE, "pgq_job_segment_0"):
+        _alter(
+            conn,
+            f"ALTER TABLE {JOB_TABLE} ADD CONSTRAINT pgq_job_segment_0 "
+            "CHECK (segment = 0) NOT VALID",
+            patience,
+        )
+    if not _has_constraint(conn, JOB_TABLE, "pgq_job_segment_0", validated=True):
+        conn.execute(f"ALTER TABLE {JOB_TABLE} VALIDATE CONSTRAINT pgq_job_segment_0")
+    conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {SEQUENCE} AS integer MINVALUE 0 START 0")
+    conn.execute(
+        f"CREATE OR REPLACE FUNCTION {CURRENT}() RETURNS integer LANGUAGE sql STABLE "
+        f"AS $$ SELECT CASE WHEN is_called THEN last_value::integer ELSE 0 END FROM {SEQUENCE} $$"
+    )
+    conn.execute(f"COMMENT ON FUNCTION {CURRENT}() IS {_literal(_CURRENT_COMMENT)}")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {SAVED} (kind text NOT NULL, name text NOT NULL, "
+        "definition text NOT NULL, PRIMARY KEY (kind, name))"
+    )
+    conn.execute(f"COMMENT ON TABLE {SAVED} IS {_literal(_SAVED_COMMENT)}")
+    # The first run's definitions are the ones to restore: a run after a failed swap
+    # finds the same ones, and one after the swap never gets here.
+    for name in UNIQUE_KEYS:
+        definition = _index_definition(conn, name)
+        if definition is not None:
+            _save(conn, "index", name, definition)
+            (comment,) = _one(conn, "SELECT obj_description(%s::regclass, 'pg_class')", [name])
+            if comment is not None:
+                _save(conn, "index comment", name, comment)
+    functions = _functions_of_row_type(conn, JOB_TABLE)
+    for signature, definition in functions:
+        _save(conn, "function", signature, definition)
+    if functions:
+        _make_layout_free(conn, functions)
+    _build_parent(conn)
+
+
+def disable(
+    conn: psycopg.Connection[Any],
+    *,
+    lock_timeout: float = 0.5,
+    tries: int = 120,
+    pause: Callable[[float], None] = time.sleep,
+) -> SwapReport:
+    """Make a job table left with one segment a plain table again, as migrated.
+
+    The segment's table becomes the job table: its indexes take their migrated names, the
+    unique key indexes :func:`enable` dropped are built again (concurrently, before the
+    swap), and the coalesced enqueue gets its backstop back. The same arguments and
+    errors as :func:`enable`.
+    """
+    patience = _Patience(lock_timeout, tries, pause)
+    _require_autocommit(conn)
+    current = layout(conn)
+    if not current.segmented:
+        if _relkind(conn, SAVED) is None:
+            raise SegmentLayoutError(f"{JOB_TABLE} is not in segments")
+        # A prepare never followed by its swap, or a disable stopped after its swap.
+        _tidy_plain(conn, patience)
+        return SwapReport(0.0, 0)
+    if len(current.segments) != 1:
+        raise SegmentLayoutError(
+            f"{JOB_TABLE} has {len(current.segments)} segments "
+            f"({', '.join(map(str, current.segments))}); only a table left with one can be "
+            "made plain again"
+        )
+    (number,) = current.segments
+    table = segment_table(number)
+    _build_concurrently(
+        conn, PLAIN_KEY, f"CREATE UNIQUE INDEX CONCURRENTLY {PLAIN_KEY} ON {table} (id)"
+    )
+    _build_saved_indexes(conn, table)
+    report = _swap(conn, lambda cur: _disable_swap(cur, number), patience)
+    _tidy_plain(conn, patience)
+    logger.info(
+        "%s is a plain table again: the swap held its lock %.0f ms (try %d)",
+        JOB_TABLE,
+        report.lock_held_ms,
+        report.tries,
+    )
+    return report
+
+
+def _build_saved_indexes(conn: psycopg.Connection[Any], table: str) -> None:
+    for name, definition in _saved(conn, "index"):
+        _build_concurrently(conn, name, _retarget_index(definition, name, table, concurrently=True))
+    for name, comment in _saved(conn, "index comment"):
+        conn.execute(
+            sql.SQL("COMMENT ON INDEX {} IS {}").format(sql.Identifier(name), sql.Literal(comment))
+        )
+
+
+def _tidy_plain(conn: psycopg.Connection[Any], patience: _Patience) -> None:
+    """Take a plain job table back to its migrated schema: what prepare added goes, what
+    it dropped or rewrote comes back. Each step is skipped once done."""
+    _build_saved_indexes(conn, JOB_TABLE)
+    if _has_column(conn, JOB_TABLE, "segment"):
+        if _has_constraint(conn, JOB_TABLE, "pgq_job_segment_0"):
+            _alter(conn, f"ALTER TABLE {JOB_TABLE} DROP CONSTRAINT pgq_job_segment_0", patience)
+        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {FIRST_KEY}")
+        _alter(conn, f"ALTER TABLE {JOB_TABLE} DROP COLUMN segment", patience)
+    # The job table's row type is the migrated one again: the functions can name it.
+    saved = _saved(conn, "function")
+    with conn.transaction():
+        for signature, definition in saved:
+            grants = _function_grants(conn, signature)
+            conn.execute(f"DROP FUNCTION IF EXISTS {signature}")
+            _recreate_function(conn, signature, definition, grants)
+    conn.execute(f"DROP TABLE IF EXISTS {PARENT}")
+    conn.execute(f"DROP TYPE IF EXISTS {COALESCED_TYPE}")
+    conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {IDEMPOTENCY}")
+    conn.execute(f"DROP FUNCTION IF EXISTS {CURRENT}()")
+    conn.execute(f"DROP SEQUENCE IF EXISTS {SEQUENCE}")
+    conn.execute(f"DROP TABLE IF EXISTS {SAVED}")
+
+
+# --- the two swaps ------------------------------------------------------------------
+
+# Indexes enable knows what to do with: the primary key becomes (id, segment), segment
+# 0's key is that index, the key indexes are dropped (key tables decide since 0026).
+_CARRIED = (f"{JOB_TABLE}_pkey", FIRST_KEY, *UNIQUE_KEYS)
+
+_CURRENT_COMMENT = (
+    "django-pgqueue: the segment new jobs go to (the job table's segment column default)."
+)
+_SAVED_COMMENT = (
+    "django-pgqueue: what putting the job table in segments dropped, for making it plain "
+    "again (index and function definitions)."
+)
+
+
+def _build_parent(conn: psycopg.Connection[Any]) -> None:
+    """The partitioned table, with the job table's columns, checks, comments, identity,
+    grants and (on ONLY itself) non-unique indexes, under a name of its own."""
+    # Left by a run whose swap failed: never attached, never written.
+    conn.execute(f"DROP TABLE IF EXISTS {PARENT}")
+    conn.execute(
+        f"CREATE TABLE {PARENT} (LIKE {JOB_TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+        "INCLUDING COMMENTS INCLUDING IDENTITY INCLUDING STORAGE INCLUDING STATISTICS) "
+        "PARTITION BY LIST (segment)"
+    )
+    conn.execute(f"ALTER TABLE {PARENT} DROP CONSTRAINT pgq_job_segment_0")
+    conn.execute(f"ALTER TABLE {PARENT} ALTER COLUMN segment SET DEFAULT {CURRENT}()")
+    conn.execute(f"ALTER TABLE {PARENT} ADD CONSTRAINT {PARENT}_pkey PRIMARY KEY (id, segment)")
+    for name, definition in _plain_indexes(conn, JOB_TABLE):
+        conn.execute(_retarget_index(definition, f"{name}_p", PARENT, only=True))
+        _copy_index_comment(conn, name, f"{name}_p")
+    _copy_table_extras(conn, JOB_TABLE, PARENT)
+
+
+def _enable_swap(cur: psycopg.Cursor[Any]) -> None:
+    cur.execute(f"LOCK TABLE {JOB_TABLE} IN ACCESS EXCLUSIVE MODE")
+    # Built before the lock: a column, an index or a grant that changed since is found
+    # here, and the conversion stops rather than losing it.
+    _require_same_shape(cur, JOB_TABLE, PARENT)
+    (last, called) = _one(cur, f"SELECT last_value, is_called FROM {JOB_TABLE}_id_seq")
+    cur.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s, %s)", [PARENT, last, called])
+    view = _view_definition(cur)
+    triggers = _triggers(cur, JOB_TABLE)
+    indexes = [name for name, _ in _plain_indexes(cur, JOB_TABLE)]
+    named = [signature for signature, _ in _functions_of_row_type(cur, JOB_TABLE)]
+    if named:
+        raise SegmentLayoutError(
+            f"functions name {JOB_TABLE}'s row type since prepare ran (a migration?): "
+            + ", ".join(named)
+            + "; run it again"
+        )
+    cur.execute(f"ALTER TABLE {JOB_TABLE} ALTER COLUMN id DROP IDENTITY")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} DROP CONSTRAINT {JOB_TABLE}_pkey")
+    cur.execute(
+        f"ALTER TABLE {JOB_TABLE} ADD CONSTRAINT {JOB_TABLE}_s0_pkey "
+        f"PRIMARY KEY USING INDEX {FIRST_KEY}"
+    )
+    for name, _ in triggers:
+        cur.execute(f"DROP TRIGGER {name} ON {JOB_TABLE}")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} RENAME TO {segment_table(0)}")
+    cur.execute(f"ALTER TABLE {PARENT} RENAME TO {JOB_TABLE}")
+    for name in indexes:
+        cur.execute(f"ALTER INDEX {name} RENAME TO {name}_s0")
+        cur.execute(f"ALTER INDEX {name}_p RENAME TO {name}")
+    cur.execute(f"ALTER INDEX {PARENT}_pkey RENAME TO {JOB_TABLE}_pkey")
+    cur.execute(f"ALTER SEQUENCE {PARENT}_id_seq RENAME TO {JOB_TABLE}_id_seq")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {segment_table(0)} FOR VALUES IN (0)")
+    for _, definition in triggers:
+        cur.execute(definition)
+    # The view read the old table by its identity: made again, it reads the new one.
+    cur.execute(f"CREATE OR REPLACE VIEW {VIEW} AS {view}")
+    cur.execute(f"SELECT setval('{SEQUENCE}', 0, true)")
+    invalid = _invalid_indexes(cur, JOB_TABLE)
+    if invalid:
+        raise SegmentLayoutError(
+            "these indexes of the partitioned table found no match in segment 0: "
+            + ", ".join(invalid)
+        )
+
+
+def _disable_swap(cur: psycopg.Cursor[Any], number: int) -> None:
+    table = segment_table(number)
+    cur.execute(f"LOCK TABLE {JOB_TABLE} IN ACCESS EXCLUSIVE MODE")
+    (last, called) = _one(cur, f"SELECT last_value, is_called FROM {JOB_TABLE}_id_seq")
+    (identity,) = _one(
+        cur,
+        "SELECT attidentity FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'id'",
+        [JOB_TABLE],
+    )
+    view = _view_definition(cur)
+    triggers = _triggers(cur, JOB_TABLE)
+    # Each of the segment's indexes takes the name of the parent's index it is attached to.
+    renames = cur.execute(
+        "SELECT child.relname, parent.relname, obj_description(parent.oid, 'pg_class') "
+        "FROM pg_inherits "
+        "JOIN pg_class AS child ON child.oid = pg_inherits.inhrelid "
+        "JOIN pg_class AS parent ON parent.oid = pg_inherits.inhparent "
+        "JOIN pg_index ON pg_index.indexrelid = child.oid "
+        "WHERE pg_index.indrelid = %s::regclass AND NOT pg_index.indisprimary",
+        [table],
+    ).fetchall()
+    sequence_grants = _sequence_grants(cur, JOB_TABLE)
+    _copy_table_extras(cur, JOB_TABLE, table, sequence=False)
+    cur.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} RENAME TO {RETIRED}")
+    cur.execute(f"ALTER TABLE {table} RENAME TO {JOB_TABLE}")
+    cur.execute(f"CREATE OR REPLACE VIEW {VIEW} AS {view}")
+    cur.execute(f"DROP TABLE {RETIRED}")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} DROP CONSTRAINT {table}_pkey")
+    cur.execute(
+        f"ALTER TABLE {JOB_TABLE} ADD CONSTRAINT {JOB_TABLE}_pkey "
+        f"PRIMARY KEY USING INDEX {PLAIN_KEY}"
+    )
+    cur.execute(f"ALTER TABLE {JOB_TABLE} DROP CONSTRAINT IF EXISTS pgq_job_segment_{number}")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} DROP COLUMN segment")
+    kind = "ALWAYS" if identity == "a" else "BY DEFAULT"
+    cur.execute(
+        f"ALTER TABLE {JOB_TABLE} ALTER COLUMN id ADD GENERATED {kind} AS IDENTITY "
+        f"(SEQUENCE NAME {JOB_TABLE}_id_seq)"
+    )
+    cur.execute(f"SELECT setval('{JOB_TABLE}_id_seq', %s, %s)", [last, called])
+    _grant(cur, sequence_grants, "SEQUENCE", sql.Identifier(f"{JOB_TABLE}_id_seq"))
+    for child, parent, comment in renames:
+        if child != parent:
+            cur.execute(f"ALTER INDEX {child} RENAME TO {parent}")
+        cur.execute(
+            sql.SQL("COMMENT ON INDEX {} IS {}").format(
+                sql.Identifier(parent), sql.Literal(comment)
+            )
+        )
+    for _, definition in triggers:
+        cur.execute(definition)
+    cur.execute(f"DROP FUNCTION {CURRENT}()")
+    cur.execute(f"DROP SEQUENCE {SEQUENCE}")
+
+
+@dataclass(frozen=True)
+class _Patience:
+    """How long a statement waits for the job table's lock, how often it tries."""
+
+    lock_timeout: float
+    tries: int
+    pause: Callable[[float], None]
+
+    def __post_init__(self) -> None:
+        if not self.lock_timeout > 0 or self.tries < 1:
+            raise SegmentLayoutError(
+                f"lock_timeout must be positive and tries at least 1 (got {self.lock_timeout!r} "
+                f"and {self.tries!r})"
+            )
+
+
+def _swap(
+    conn: psycopg.Connection[Any], body: Callable[[psycopg.Cursor[Any]], None], patience: _Patience
+) -> SwapReport:
+    """Run ``body`` in one transaction behind ``lock_timeout``, until it gets its locks."""
+    lock_timeout, tries = patience.lock_timeout, patience.tries
+    for attempt in range(1, tries + 1):
+        try:
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(
+                    "SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout * 1000:.0f}ms"]
+                )
+                started = time.monotonic()
+                body(cur)
+                held = (time.monotonic() - started) * 1000
+        except psycopg.errors.LockNotAvailable:
+            logger.info(
+                "the job table's lock was not free within %.1f s (try %d)", lock_timeout, attempt
+            )
+            patience.pause(min(0.05 * attempt, 2.0))
+            continue
+        return SwapReport(held, attempt)
+    raise SegmentLayoutError(
+        f"the job table's lock was never free within {lock_timeout} s in {tries} tries: "
+        "a long transaction holds it (see pg_locks); run again once it has ended"
+    )
+
+
+# --- catalog helpers ----------------------------------------------------------------
+
+_Conn = psycopg.Connection[Any] | psycopg.Cursor[Any]
+
+
+def _one(conn: _Conn, query: str, params: list[Any] | None = None) -> tuple[Any, ...]:
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise SegmentLayoutError(f"no row from the catalog for: {query}")
+    return tuple(row)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _require_autocommit(conn: psycopg.Connection[Any]) -> None:
+    if not conn.autocommit:
+        raise SegmentLayoutError(
+            "the connection must be in autocommit mode: the indexes are built concurrently"
+        )
+
+
+def _require_latest_migration(conn: psycopg.Connection[Any]) -> None:
+    from django.db.migrations.loader import MigrationLoader
+
+    from django_pgqueue.store.schema import APP_LABEL
+
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    leaves = [name for app, name in loader.graph.leaf_nodes(APP_LABEL) if app == APP_LABEL]
+    applied = {
+        name
+        for (name,) in conn.execute(
+            "SELECT name FROM django_migrations WHERE app = %s", [APP_LABEL]
+        ).fetchall()
+    }
+    missing = [name for name in leaves if name not in applied]
+    if missing:
+        raise SegmentLayoutError(
+            f"the database lacks this release's migrations ({', '.join(missing)}): "
+            "run migrate first"
+        )
+
+
+def _relkind(conn: _Conn, table: str) -> str | None:
+    row = conn.execute(
+        "SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table]
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _has_constraint(conn: _Conn, table: str, name: str, *, validated: bool = False) -> bool:
+    return (
+        conn.execute(
+            "SELECT FROM pg_constraint WHERE conrelid = %s::regclass AND conname = %s "
+            "AND (convalidated OR NOT %s)",
+            [table, name, validated],
+        ).fetchone()
+        is not None
+    )
+
+
+def _has_column(conn: _Conn, table: str, name: str) -> bool:
+    return (
+        conn.execute(
+            "SELECT FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s "
+            "AND NOT attisdropped",
+            [table, name],
+        ).fetchone()
+        is not None
+    )
+
+
+def _alter(conn: psycopg.Connection[Any], statement: str, patience: _Patience) -> None:
+    """One statement that needs the job table's exclusive lock, behind ``lock_timeout``."""
+
+    def body(cur: psycopg.Cursor[Any]) -> None:
+        cur.execute(statement)
+
+    _swap(conn, body, patience)
+
+
+def _unique_indexes(conn: _Conn, table: str) -> list[str]:
+    return [
+        name
+        for (name,) in conn.execute(
+            "SELECT index_class.relname FROM pg_index "
+            "JOIN pg_class AS index_class ON index_class.oid = pg_index.indexrelid "
+            "WHERE pg_index.indrelid = %s::regclass AND pg_index.indisunique "
+            "ORDER BY 1",
+            [table],
+        ).fetchall()
+    ]
+
+
+def _plain_indexes(conn: _Conn, table: str) -> list[tuple[str, str]]:
+    return [
+        (str(name), str(definition))
+        for name, definition in conn.execute(
+            "SELECT index_class.relname, pg_get_indexdef(pg_index.indexrelid) FROM pg_index "
+            "JOIN pg_class AS index_class ON index_class.oid = pg_index.indexrelid "
+            "WHERE pg_index.indrelid = %s::regclass AND NOT pg_index.indisunique "
+            "ORDER BY 1",
+            [table],
+        ).fetchall()
+    ]
+
+
+def _invalid_indexes(conn: _Conn, table: str) -> list[str]:
+    return [
+        name
+        for (name,) in conn.execute(
+            "SELECT indexrelid::regclass::text FROM pg_index "
+            "WHERE indrelid = %s::regclass AND NOT indisvalid ORDER BY 1",
+            [table],
+        ).fetchall()
+    ]
+
+
+def _index_definition(conn: _Conn, name: str) -> str | None:
+    row = conn.execute(
+        "SELECT pg_get_indexdef(pg_index.indexrelid) FROM pg_index "
+        "WHERE pg_index.indexrelid = to_regclass(%s) AND pg_index.indisvalid",
+        [name],
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+_INDEX_HEAD = re.compile(
+    r"^CREATE (?P<unique>UNIQUE )?INDEX (?P<name>\S+) ON (?:ONLY )?(?P<table>\S+) USING "
+)
+
+
+def _retarget_index(
+    definition: str, name: str, table: str, *, only: bool = False, concurrently: bool = False
+) -> str:
+    """``definition`` (pg_get_indexdef's) as an index ``name`` on ``table``."""
+    head = _INDEX_HEAD.match(definition)
+    if head is None:
+        raise SegmentLayoutError(f"unexpected index definition: {definition}")
+    return (
+        f"CREATE {head['unique'] or ''}INDEX {'CONCURRENTLY ' if concurrently else ''}{name} "
+        f"ON {'ONLY ' if only else ''}{table} USING {definition[head.end() :]}"
+    )
+
+
+def _build_concurrently(conn: psycopg.Connection[Any], name: str, statement: str) -> None:
+    """Build an index concurrently unless a valid one of that name exists; a build that
+    failed half way leaves an invalid index, dropped and built again."""
+    row = conn.execute(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)", [name]
+    ).fetchone()
+    if row is not None and row[0]:
+        return
+    if row is not None:
+        conn.execute(f"DROP INDEX CONCURRENTLY {name}")
+    conn.execute(statement)
+
+
+def _functions_of_row_type(conn: _Conn, table: str) -> list[tuple[str, str]]:
+    """(signature, definition) of each function whose result or arguments name the
+    table's row type: dropping the table would drop them."""
+    return [
+        (str(signature), str(definition))
+        for signature, definition in conn.execute(
+            "SELECT DISTINCT pg_proc.oid::regprocedure::text, pg_get_functiondef(pg_proc.oid) "
+            "FROM pg_depend JOIN pg_proc ON pg_proc.oid = pg_depend.objid "
+            "WHERE pg_depend.classid = 'pg_proc'::regclass "
+            "AND pg_depend.refclassid = 'pg_type'::regclass "
+            "AND pg_depend.refobjid = (SELECT reltype FROM pg_class WHERE oid = %s::regclass) "
+            "ORDER BY 1",
+            [table],
+        ).fetchall()
+    ]
+
+
+def _make_layout_free(conn: psycopg.Connection[Any], functions: list[tuple[str, str]]) -> None:
+    """Make each function that names the job table's row type again without it.
+
+    A function's compiled body keeps the row types it was compiled with: a call that
+    waits on the job table's lock while the swap renames it would go on with the old
+    table's row type and fail ("type of parameter ... does not match"). So before the
+    swap, the coalesced enqueue returns and holds a composite type of its own with the
+    job table's columns (``pgq_coalesced_job``: the callers read the same fields), names
+    its columns where it read ``*``, and loses its backstop (the ON CONFLICT on
+    ``pgq_job_coalesce_key``, and the ``xmax`` that told an insert from its update,
+    which a partitioned table's RETURNING cannot read). It then works on either layout.
+    """
+    columns = _job_columns(conn)
+    if _relkind(conn, COALESCED_TYPE) is None:
+        conn.execute(
+            f"CREATE TYPE {COALESCED_TYPE} AS ("
+            + ", ".join(f"{name} {kind}" for name, kind in columns)
+            + ")"
+        )
+    names = ", ".join(name for name, _ in columns)
+    with conn.transaction():
+        for signature, definition in functions:
+            grants = _function_grants(conn, signature)
+            conn.execute(f"DROP FUNCTION {signature}")
+            _recreate_function(conn, signature, _layout_free(definition, names), grants)
+
+
+def _job_columns(conn: _Conn) -> list[tuple[str, str]]:
+    return [
+        (str(name), str(kind))
+        for name, kind in conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+            "AND attname <> 'segment' ORDER BY attnum",
+            [JOB_TABLE],
+        ).fetchall()
+    ]
+
+
+def _layout_free(definition: str, columns: str) -> str:
+    """``definition`` (the coalesced enqueue's) as :func:`_make_layout_free` makes it.
+
+    Each change must apply exactly as often as written: a function a later release
+    changed stops the conversion rather than being half rewritten.
+    """
+    lines = definition.splitlines()
+    if not any(line.strip() == "-- begin backstop" for line in lines):
+        raise SegmentLayoutError(f"unexpected function naming {JOB_TABLE}'s row type")
+    text = "\n".join(_without(lines, "backstop"))
+    for old, new, times in (
+        (f"RETURNS TABLE(job {JOB_TABLE}, ", f"RETURNS TABLE(job {COALESCED_TYPE}, ", 1),
+        (f"held {JOB_TABLE}%ROWTYPE;", f"held {COALESCED_TYPE};", 1),
+        ("SELECT * INTO held", f"SELECT {columns} INTO held", 3),
+        ("RETURNING * INTO held", f"RETURNING {columns} INTO held", 1),
+        (
+            "RETURNING pending.id, pending.xmax = 0 INTO new_id, is_new;",
+            "RETURNING pending.id, true INTO new_id, is_new;",
+            1,
+        ),
+    ):
+        if text.count(old) != times:
+            raise SegmentLayoutError(
+                f"the coalesced enqueue has {text.count(old)} times {old!r}, not {times}: "
+                "this conversion does not know it; nothing was changed"
+            )
+        text = text.replace(old, new)
+    return text
+
+
+def _save(conn: _Conn, kind: str, name: str, definition: str) -> None:
+    conn.execute(
+        f"INSERT INTO {SAVED} (kind, name, definition) VALUES (%s, %s, %s) "
+        "ON CONFLICT (kind, name) DO NOTHING",
+        [kind, name, definition],
+    )
+
+
+def _saved(conn: _Conn, kind: str) -> list[tuple[str, str]]:
+    if _relkind(conn, SAVED) is None:
+        return []
+    return [
+        (str(name), str(definition))
+        for name, definition in conn.execute(
+            f"SELECT name, definition FROM {SAVED} WHERE kind = %s ORDER BY name", [kind]
+        ).fetchall()
+    ]
+
+
+def _copy_index_comment(conn: _Conn, source: str, target: str) -> None:
+    (comment,) = _one(conn, "SELECT obj_description(%s::regclass, 'pg_class')", [source])
+    conn.execute(
+        sql.SQL("COMMENT ON INDEX {} IS {}").format(sql.Identifier(target), sql.Literal(comment))
+    )
+
+
+def _view_definition(conn: _Conn) -> str:
+    (definition,) = _one(conn, "SELECT pg_get_viewdef(%s::regclass)", [VIEW])
+    return str(definition)
+
+
+def _triggers(conn: _Conn, table: str) -> list[tuple[str, str]]:
+    return [
+        (str(name), str(definition))
+        for name, definition in conn.execute(
+            "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger "
+            "WHERE tgrelid = %s::regclass AND NOT tgisinternal ORDER BY tgname",
+            [table],
+        ).fetchall()
+    ]
+
+
+def _copy_table_extras(conn: _Conn, source: str, target: str, *, sequence: bool = True) -> None:
+    """The owner, grants and comment of table ``source`` (and, with ``sequence``, the
+    grants of its identity sequence) onto ``target``: LIKE copies none of them."""
+    (owner, comment) = _one(
+        conn,
+        "SELECT pg_get_userbyid(relowner), obj_description(oid, 'pg_class') FROM pg_class "
+        "WHERE oid = %s::regclass",
+        [source],
+    )
+    conn.execute(
+        sql.SQL("ALTER TABLE {} OWNER TO {}").format(sql.Identifier(target), sql.Identifier(owner))
+    )
+    conn.execute(
+        sql.SQL("COMMENT ON TABLE {} IS {}").format(sql.Identifier(target), sql.Literal(comment))
+    )
+    _grant(conn, _relation_grants(conn, source), "TABLE", sql.Identifier(target))
+    if sequence:
+        (name,) = _one(conn, "SELECT pg_get_serial_sequence(%s, 'id')", [target])
+        _grant(conn, _sequence_grants(conn, source), "SEQUENCE", sql.SQL(name))
+
+
+Grants = list[tuple[str | None, str, bool]]
+
+_ACL = (
+    "SELECT CASE WHEN grant_.grantee = 0 THEN NULL ELSE pg_get_userbyid(grant_.grantee) END, "
+    "grant_.privilege_type, grant_.is_grantable FROM {catalog}, aclexplode({acl}) AS grant_ "
+    "WHERE {catalog}.oid = %s AND grant_.grantee <> {catalog}.{owner}"
+)
+
+
+def _relation_grants(conn: _Conn, relation: str) -> Grants:
+    (oid,) = _one(conn, "SELECT %s::regclass::oid", [relation])
+    query = _ACL.format(catalog="pg_class", acl="pg_class.relacl", owner="relowner")
+    return [tuple(row) for row in conn.execute(query, [oid]).fetchall()]
+
+
+def _sequence_grants(conn: _Conn, table: str) -> Grants:
+    (oid,) = _one(conn, "SELECT pg_get_serial_sequence(%s, 'id')::regclass::oid", [table])
+    query = _ACL.format(catalog="pg_class", acl="pg_class.relacl", owner="relowner")
+    return [tuple(row) for row in conn.execute(query, [oid]).fetchall()]
+
+
+def _function_grants(conn: _Conn, signature: str) -> Grants | None:
+    """The function's grants, or None when it has the default ones (PUBLIC may run it)."""
+    (oid, acl) = _one(
+        conn, "SELECT oid, proacl FROM pg_proc WHERE oid = %s::regprocedure", [signature]
+    )
+    if acl is None:
+        return None
+    query = _ACL.format(catalog="pg_proc", acl="pg_proc.proacl", owner="proowner")
+    return [tuple(row) for row in conn.execute(query, [oid]).fetchall()]
+
+
+def _grant(conn: _Conn, grants: Grants, kind: str, target: sql.Composable) -> None:
+    for grantee, privilege, grantable in grants:
+        conn.execute(
+            sql.SQL("GRANT {} ON {} {} TO {}{}").format(
+                sql.SQL(privilege),
+                sql.SQL(kind),
+                target,
+                sql.SQL("PUBLIC") if grantee is None else sql.Identifier(grantee),
+                sql.SQL(" WITH GRANT OPTION" if grantable else ""),
+            )
+        )
+
+
+def _recreate_function(conn: _Conn, signature: str, definition: str, grants: Grants | None) -> None:
+    conn.execute(definition)
+    if grants is not None:
+        target = sql.SQL(signature)
+        conn.execute(sql.SQL("REVOKE ALL ON FUNCTION {} FROM PUBLIC").format(target))
+        _grant(conn, grants, "FUNCTION", target)
+
+
+def _require_same_shape(cur: psycopg.Cursor[Any], table: str, parent: str) -> None:
+    """The parent built before the lock still has the table's columns and indexes."""
+    columns = (
+        "SELECT attname, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+        "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attname"
+    )
+    if cur.execute(columns, [table]).fetchall() != cur.execute(columns, [parent]).fetchall():
+        raise SegmentLayoutError(
+            f"{table}'s columns changed while the conversion ran (a migration?): run it again"
+        )
+    mine = {name for name, _ in _plain_indexes(cur, table)}
+    theirs = {name.removesuffix("_p") for name, _ in _plain_indexes(cur, parent)}
+    if mine != theirs:
+        raise SegmentLayoutError(
+            f"{table}'s indexes changed while the conversion ran (a migration?): run it again"
+        )

@@ -1,0 +1,485 @@
+"""The job table in segments, and back: django_pgqueue.store.segments.
+
+Each test converts a database of its own (migrated by ``tests.manage migrate``, as a
+user's is), never the shared test database: a conversion left half done would change
+every later test's schema.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from django_pgqueue.store import segments
+from django_pgqueue.store.queue import QueueStore
+from django_pgqueue.store.runners import PsycopgRunner
+from django_pgqueue.store.segments import SegmentLayoutError
+from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.values import JobSpec
+from tests.ledger import entries
+from tests.plans import explain, walk
+from tests.releases import assert_logged_no_error
+from tests.scratch import scratch_database
+from tests.workers import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _manage(url: str, *args: str) -> None:
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    subprocess.run(
+        [sys.executable, "-m", "tests.manage", *args, "-v", "0"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=180,
+    )
+
+
+@pytest.fixture
+def migrated(transactional_db: None) -> Iterator[str]:
+    """The URL of a database of the test's own, migrated."""
+    with scratch_database("segments") as url:
+        _manage(url, "migrate", "--noinput")
+        yield url
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+_opened: list[psycopg.Connection[Any]] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_stores() -> Iterator[None]:
+    yield
+    while _opened:
+        _opened.pop().close()
+
+
+def _store(url: str) -> QueueStore:
+    conn = psycopg.connect(url, autocommit=True)
+    _opened.append(conn)
+    return QueueStore(PsycopgRunner(conn, "default"))
+
+
+# What a database's queue schema is, for comparing two: every column, index, constraint,
+# trigger, function, view, comment, grant and storage option of the queue's objects.
+SCHEMA = {
+    "columns": """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+            a.attidentity, pg_get_expr(d.adbin, d.adrelid), col_description(c.oid, a.attnum)
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        WHERE a.attnum > 0 AND NOT a.attisdropped AND c.relkind IN ('r', 'p', 'v')
+            AND c.relnamespace = 'public'::regnamespace
+        ORDER BY 1, 2""",
+    "relations": """
+        SELECT relname, relkind, reloptions, relacl, obj_description(oid, 'pg_class')
+        FROM pg_class WHERE relnamespace = 'public'::regnamespace
+            AND relkind IN ('r', 'p', 'v', 'S')
+        ORDER BY 1""",
+    "indexes": """
+        SELECT c.relname, pg_get_indexdef(i.indexrelid), i.indisvalid,
+            obj_description(i.indexrelid, 'pg_class')
+        FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE c.relnamespace = 'public'::regnamespace ORDER BY 1""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid), convalidated
+        FROM pg_constraint WHERE connamespace = 'public'::regnamespace ORDER BY 1, 2""",
+    # A trigger made again from pg_get_triggerdef's text has the same condition, printed
+    # with other casts: compared with the casts left out (see _normal).
+    "triggers": """
+        SELECT tgname, pg_get_triggerdef(oid), tgenabled FROM pg_trigger
+        WHERE NOT tgisinternal ORDER BY 1, 2""",
+    "functions": """
+        SELECT oid::regprocedure::text, pg_get_functiondef(oid), proacl FROM pg_proc
+        WHERE pronamespace = 'public'::regnamespace ORDER BY 1""",
+    "views": """
+        SELECT viewname, definition FROM pg_views WHERE schemaname = 'public' ORDER BY 1""",
+    "sequences": """
+        SELECT s.seqrelid::regclass::text, s.seqtypid::regtype, s.seqincrement, s.seqcache,
+            pg_get_serial_sequence('django_pgqueue_job', 'id')
+        FROM pg_sequence s ORDER BY 1""",
+}
+
+
+def _normal(definition: str) -> str:
+    return re.sub(r"::[a-z ]+|[()]|\[\]", "", definition)
+
+
+def schema(conn: psycopg.Connection[Any]) -> dict[str, list[tuple[Any, ...]]]:
+    found = {name: conn.execute(query).fetchall() for name, query in SCHEMA.items()}
+    found["triggers"] = sorted(
+        (name, _normal(definition), enabled) for name, definition, enabled in found["triggers"]
+    )
+    return found
+
+
+def _seed(conn: psycopg.Connection[Any], rows: int) -> None:
+    conn.execute(
+        "INSERT INTO django_pgqueue_job (queue, task_path, args, kwargs, priority, status, "
+        "attempts, max_attempts, lease_generation, available_at, created_at, errors) "
+        "SELECT 'default', 'tests.tasks.noop', '[]', '{}', 0, 'pending', 0, 5, 0, now(), "
+        "now(), '[]' FROM generate_series(1, %s)",
+        [rows],
+    )
+
+
+# --- the schema, both ways ---------------------------------------------------------
+
+
+def test_enable_then_disable_gives_back_the_migrated_schema(migrated):
+    role = f"pgq_app_{os.getpid()}"
+    with _connect(migrated) as conn, scratch_database("segments_fresh") as fresh_url:
+        _manage(fresh_url, "migrate", "--noinput")
+        # An application role with its own grants, and a locked-down function: both
+        # survive the round trip (LIKE and a function made again copy neither).
+        conn.execute(f"DROP ROLE IF EXISTS {role}")
+        conn.execute(f"CREATE ROLE {role}")
+        try:
+            grants = [
+                f"GRANT SELECT, INSERT, UPDATE, DELETE ON django_pgqueue_job TO {role}",
+                f"GRANT USAGE ON SEQUENCE django_pgqueue_job_id_seq TO {role}",
+                "REVOKE ALL ON FUNCTION django_pgqueue_enqueue_coalesced FROM PUBLIC",
+                f"GRANT EXECUTE ON FUNCTION django_pgqueue_enqueue_coalesced TO {role}",
+            ]
+            with _connect(fresh_url) as fresh:
+                for statement in grants:
+                    conn.execute(statement)
+                    fresh.execute(statement)
+                expected = schema(fresh)
+            _seed(conn, 500)
+            before = schema(conn)
+            assert before == expected
+
+            segments.enable(conn)
+            assert segments.layout(conn) == segments.Layout(True, (0,), 0)
+            on_segments = schema(conn)
+            relations = {row[0]: row for row in on_segments["relations"]}
+            assert relations["django_pgqueue_job"][1] == "p"
+            assert relations["django_pgqueue_job_s0"][1] == "r"
+            # The grants moved with the table and its identity sequence; the function
+            # kept its own.
+            assert relations["django_pgqueue_job"][3] == relations["django_pgqueue_job_s0"][3]
+            assert f"{role}=arwd/" in str(relations["django_pgqueue_job"][3])
+            assert f"{role}=U/" in str(relations["django_pgqueue_job_id_seq"][3])
+            functions = {row[0]: row for row in on_segments["functions"]}
+            coalesced = next(name for name in functions if "enqueue_coalesced" in name)
+            assert f"{role}=X/" in str(functions[coalesced][2])
+            assert (
+                "WHERE status = 'pending' AND coalesce_key IS NOT NULL"
+                not in functions[coalesced][1]
+            )
+            assert "-- begin backstop" not in functions[coalesced][1]
+            indexes = {row[0]: row for row in on_segments["indexes"]}
+            assert all(row[2] for row in on_segments["indexes"]), "an index is not valid"
+            assert "pgq_job_idempotency_key" not in indexes
+            assert "pgq_job_coalesce_key" not in indexes
+            assert "pgq_job_idempotency_s0" in indexes
+            assert conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (500,)
+
+            # Jobs keep their ids and new ones follow on, through the parent.
+            (last,) = conn.execute("SELECT max(id) FROM django_pgqueue_job").fetchone()
+            _seed(conn, 10)
+            assert conn.execute(
+                "SELECT min(id), count(*), min(segment), max(segment) FROM django_pgqueue_job "
+                "WHERE id > %s",
+                [last],
+            ).fetchone() == (last + 1, 10, 0, 0)
+
+            segments.disable(conn)
+            assert segments.layout(conn) == segments.Layout(False, (), None)
+            after = schema(conn)
+            for part in SCHEMA:
+                assert after[part] == expected[part], part
+            assert conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (510,)
+            _seed(conn, 1)
+            assert conn.execute("SELECT max(id) FROM django_pgqueue_job").fetchone() == (last + 11,)
+        finally:
+            for url in (migrated, fresh_url):
+                with _connect(url) as other:
+                    other.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_disable_after_prepare_alone_gives_back_the_migrated_schema(migrated):
+    with _connect(migrated) as conn:
+        _seed(conn, 10)
+        before = schema(conn)
+        segments.prepare(conn)
+        prepared = schema(conn)
+        assert prepared != before
+        assert segments.layout(conn).segmented is False
+        # The coalesced enqueue no longer names the job table's row type; it still works.
+        store = _store(migrated)
+        first = store.enqueue(JobSpec("tests.tasks.noop", coalesce_key="c"))
+        assert store.enqueue(JobSpec("tests.tasks.noop", coalesce_key="c")).id == first.id
+        segments.prepare(conn)  # once done, each step is skipped
+        assert schema(conn) == prepared
+        segments.disable(conn)
+        assert schema(conn) == before
+        assert store.enqueue(JobSpec("tests.tasks.noop", coalesce_key="c")).id == first.id
+        with pytest.raises(SegmentLayoutError, match="is not in segments"):
+            segments.disable(conn)
+
+
+def test_wrong_requests_are_refused_with_what_was_wrong(migrated):
+    with _connect(migrated) as conn:
+        with pytest.raises(SegmentLayoutError, match="is not in segments"):
+            segments.disable(conn)
+        with (
+            psycopg.connect(migrated) as in_transaction,
+            pytest.raises(SegmentLayoutError, match="autocommit"),
+        ):
+            segments.enable(in_transaction)
+        # A unique index a partitioned table could not carry: named, nothing changed.
+        conn.execute("CREATE UNIQUE INDEX pgq_test_unique ON django_pgqueue_job (created_at, id)")
+        with pytest.raises(SegmentLayoutError, match="pgq_test_unique"):
+            segments.enable(conn)
+        assert not conn.execute(
+            "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = "
+            "'django_pgqueue_job'::regclass AND attname = 'segment')"
+        ).fetchone()[0]
+        conn.execute("DROP INDEX pgq_test_unique")
+        segments.enable(conn)
+        with pytest.raises(SegmentLayoutError, match="in segments already"):
+            segments.enable(conn)
+        with pytest.raises(SegmentLayoutError, match="lock_timeout must be positive"):
+            segments.disable(conn, lock_timeout=0)
+
+
+def test_enable_refuses_a_database_without_this_releases_migrations(migrated):
+    _manage(migrated, "migrate", "django_pgqueue", "0026", "--noinput")
+    with _connect(migrated) as conn:
+        with pytest.raises(SegmentLayoutError, match="0027_take_old_idempotency_keys"):
+            segments.enable(conn)
+        assert segments.layout(conn).segmented is False
+
+
+def test_a_conversion_that_never_gets_the_lock_changes_nothing_and_a_second_run_finishes(
+    migrated,
+):
+    with _connect(migrated) as conn, _connect(migrated) as holder:
+        _seed(conn, 100)
+        before = schema(conn)
+        store = _store(migrated)
+        store.enqueue(JobSpec("tests.tasks.noop", idempotency_key="once"))
+        # A transaction that read the job table and stays open (read committed: it holds
+        # the table's lock, not a snapshot, so index builds need not wait for it).
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM django_pgqueue_job")
+        pauses: list[float] = []
+        with pytest.raises(SegmentLayoutError, match=r"never free within 0\.1 s in 3 tries"):
+            segments.enable(conn, lock_timeout=0.1, tries=3, pause=pauses.append)
+        assert len(pauses) == 3
+        # Its first statement that needed the lock gave up: nothing changed.
+        assert schema(conn) == before
+        # The long steps done while the holder is away; then it is back for the swap.
+        holder.execute("ROLLBACK")
+        segments.prepare(conn)
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM django_pgqueue_job")
+        pauses.clear()
+        with pytest.raises(SegmentLayoutError, match="in 3 tries"):
+            segments.enable(conn, lock_timeout=0.1, tries=3, pause=pauses.append)
+        assert len(pauses) == 3
+        # Still the plain table, with what prepare added, and every statement works.
+        assert segments.layout(conn).segmented is False
+        assert schema(conn)["triggers"] == before["triggers"]
+        _seed(conn, 1)
+        assert store.enqueue(JobSpec("tests.tasks.noop", idempotency_key="once")).created is False
+        assert store.enqueue(JobSpec("tests.tasks.noop", coalesce_key="c")).created is True
+        holder.execute("ROLLBACK")
+        report = segments.enable(conn, lock_timeout=0.1, tries=3)
+        assert report.tries == 1
+        assert segments.layout(conn).segments == (0,)
+        assert conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (103,)
+        assert store.enqueue(JobSpec("tests.tasks.noop", idempotency_key="once")).created is False
+        assert store.enqueue(JobSpec("tests.tasks.noop", coalesce_key="c")).created is False
+
+
+# --- the queue on segments -----------------------------------------------------------
+
+
+def test_every_kind_of_job_runs_on_segments(migrated):
+    with _connect(migrated) as conn:
+        segments.enable(conn)
+        store = _store(migrated)
+        spec = JobSpec("tests.tasks.add", args=[1, 2])
+        plain = store.enqueue(spec).id
+        keyed = store.enqueue(JobSpec("tests.tasks.add", args=[2, 2], idempotency_key="k1"))
+        again = store.enqueue(JobSpec("tests.tasks.add", args=[9, 9], idempotency_key="k1"))
+        assert (again.id, again.created) == (keyed.id, False)
+        first = store.enqueue(JobSpec("tests.tasks.add", args=[3, 3], coalesce_key="c1"))
+        second = store.enqueue(JobSpec("tests.tasks.add", args=[4, 4], coalesce_key="c1"))
+        assert second.id == first.id
+        parts = [
+            store.enqueue(JobSpec("tests.tasks.add", args=[n, n], partition_key="p")).id
+            for n in range(3)
+        ]
+        limited = [
+            store.enqueue(
+                JobSpec("tests.tasks.add", args=[n, 0], concurrency_key="q", concurrency_limit=1)
+            ).id
+            for n in range(3)
+        ]
+        after = store.enqueue(JobSpec("tests.tasks.add", args=[5, 5], after=[plain])).id
+        failing = store.enqueue(JobSpec("tests.tasks.always_fails", max_attempts=1)).id
+        worker = WorkerProcess(migrated, "--poll-interval", "0.1")
+        try:
+            everyone = [plain, keyed.id, first.id, *parts, *limited, after, failing]
+
+            def finished() -> int:
+                return conn.execute(
+                    "SELECT count(*) FROM django_pgqueue_job_all WHERE id = ANY(%s) "
+                    "AND finished_at IS NOT NULL",
+                    [everyone],
+                ).fetchone()[0]
+
+            wait_for(lambda: finished() == len(everyone), timeout=60, message=worker.output())
+            results = dict(
+                conn.execute(
+                    "SELECT id, result FROM django_pgqueue_job_all WHERE status = 'succeeded'"
+                ).fetchall()
+            )
+            assert results[plain] == 3
+            assert results[keyed.id] == 4
+            assert results[first.id] == 8  # the coalesced job took the newest arguments
+            assert [results[job] for job in parts] == [0, 2, 4]
+            assert [results[job] for job in limited] == [0, 1, 2]
+            assert results[after] == 10
+            # A dead letter retried comes back to the live table, into a segment.
+            assert store.retry([failing]).done == (failing,)
+            assert conn.execute(
+                "SELECT segment FROM django_pgqueue_job WHERE id = %s", [failing]
+            ).fetchone() == (0,)
+            assert conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (1,)
+            errors = [line for line in worker.output().splitlines() if " ERROR " in line]
+            assert [line for line in errors if f"job {failing} dead-lettered" not in line] == []
+        finally:
+            worker.stop()
+
+
+def test_the_look_ups_of_a_key_read_an_index_of_every_segment(migrated):
+    with _connect(migrated) as conn:
+        conn.execute(
+            "INSERT INTO django_pgqueue_job (queue, task_path, args, kwargs, priority, status, "
+            "attempts, max_attempts, lease_generation, available_at, created_at, errors, "
+            "idempotency_key) SELECT 'default', 'tests.tasks.noop', '[]', '{}', 0, 'pending', "
+            "0, 5, 0, now(), now(), '[]', 'key-' || g FROM generate_series(1, 20000) AS g"
+        )
+        segments.enable(conn)
+        conn.execute("ANALYZE django_pgqueue_job")
+        params = {"idempotency_keys": ["key-5"], "keys": ["key-5"]}
+        for name in ("select_by_idempotency_keys", "jobs_by_keys", "free_idempotency_keys"):
+            # As a worker's prepared statement plans it, and with its parameters.
+            for generic in (True, False):
+                plan = explain(conn, QUERIES[name].text, params, generic=generic)
+                scans = {
+                    node.get("Index Name") or node["Node Type"]
+                    for node in walk(plan)
+                    if node.get("Relation Name") == "django_pgqueue_job_s0"
+                }
+                assert scans == {"pgq_job_idempotency_s0"}, (name, generic, scans)
+
+
+def test_enable_and_disable_on_a_live_queue_lose_and_repeat_nothing(migrated):
+    store = _store(migrated)
+    jobs = 0
+
+    def enqueue(label: str, count: int) -> int:
+        store.enqueue_many(
+            [
+                JobSpec(
+                    "tests.tasks.ledger_sleep",
+                    kwargs={"label": f"{label}{n}", "seconds": 0.002},
+                    **(
+                        {"idempotency_key": f"{label}{n}"}
+                        if n % 3 == 0
+                        else {"partition_key": f"p{n % 7}"}
+                        if n % 3 == 1
+                        else {"concurrency_key": f"c{n % 5}", "concurrency_limit": 2}
+                    ),
+                )
+                for n in range(count)
+            ]
+        )
+        return count
+
+    stop = threading.Event()
+    produced: list[int] = []
+    failures: list[BaseException] = []
+
+    def producer() -> None:
+        try:
+            produce()
+        except BaseException as error:  # reported by the test, not lost in the thread
+            failures.append(error)
+
+    def produce() -> None:
+        own = _store(migrated)
+        round_ = 0
+        while not stop.is_set():
+            round_ += 1
+            own.enqueue_many(
+                [
+                    JobSpec(
+                        "tests.tasks.ledger_sleep",
+                        kwargs={"label": f"live{round_}-{n}"},
+                        coalesce_key=None if n else f"doc{round_ % 4}",
+                    )
+                    for n in range(20)
+                ]
+            )
+            produced.append(20)
+            stop.wait(0.02)
+
+    with _connect(migrated) as conn:
+        jobs += enqueue("before-", 600)
+        running = [WorkerProcess(migrated, "--concurrency", "4") for _ in range(2)]
+        thread = threading.Thread(target=producer, daemon=True)
+        thread.start()
+        try:
+            wait_for(lambda: len(entries(conn)) > 100, timeout=60, message="the drain to start")
+            segments.enable(conn)
+            jobs += enqueue("segmented-", 300)
+            wait_for(lambda: len(entries(conn)) > 900, timeout=60, message="the drain to go on")
+            segments.disable(conn)
+            jobs += enqueue("plain-", 300)
+            stop.set()
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+            # Coalesced enqueues waiting on the job table while a swap renamed it too.
+            assert failures == []
+            assert len(produced) > 10
+
+            def left() -> int:
+                return conn.execute(
+                    "SELECT count(*) FROM django_pgqueue_job_all WHERE status <> 'succeeded'"
+                ).fetchone()[0]
+
+            wait_for(lambda: left() == 0, timeout=120, message="the drain to end")
+            starts = [entry for entry in entries(conn) if entry["event"] == "start"]
+            total = conn.execute("SELECT count(*) FROM django_pgqueue_job_all").fetchone()[0]
+            # Coalesced jobs may merge; every job that exists ran exactly once.
+            assert len(starts) == total
+            assert len({entry["job_id"] for entry in starts}) == total, "a job ran twice"
+            assert total >= jobs + sum(produced) - len(produced)
+            assert_logged_no_error(*running)
+        finally:
+            stop.set()
+            for worker in running:
+                worker.stop()
