@@ -98,6 +98,8 @@ SETTING_CHECK_IDS = {
     "HISTORY_PREMAKE": "django_pgqueue.E132",
     "RETENTION": "django_pgqueue.E133",
     "CLAIM_FLOOR_AFTER_SECONDS": "django_pgqueue.E134",
+    "SEGMENT_JOBS": "django_pgqueue.E135",
+    "SEGMENT_LIMIT": "django_pgqueue.E136",
 }
 
 

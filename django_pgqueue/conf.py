@@ -118,6 +118,18 @@ SETTINGS: Final[tuple[SettingSpec, ...]] = (
         "History partitions housekeeping keeps made ahead of the current one.",
     ),
     SettingSpec(
+        "SEGMENT_JOBS",
+        100_000,
+        "With the job table in segments (manage.py pgqueuesegments): job ids given to a "
+        "segment before housekeeping attaches the next one and points new jobs at it.",
+    ),
+    SettingSpec(
+        "SEGMENT_LIMIT",
+        8,
+        "With the job table in segments: older segments still holding jobs at most; at "
+        "the limit no new segment is attached until one empties.",
+    ),
+    SettingSpec(
         "UNKNOWN_TASK_TIMEOUT_SECONDS",
         3600.0,
         "How long a job whose task no worker can import waits before it is dead-lettered.",
@@ -343,6 +355,16 @@ class Settings:
     def HISTORY_PREMAKE(self) -> int:  # noqa: N802
         """History partitions kept made ahead of the current one."""
         return self._int("HISTORY_PREMAKE", minimum=1, maximum=366)
+
+    @property
+    def SEGMENT_JOBS(self) -> int:  # noqa: N802
+        """Job ids a segment is given before the next one is attached and switched to."""
+        return self._int("SEGMENT_JOBS", minimum=1, maximum=1_000_000_000)
+
+    @property
+    def SEGMENT_LIMIT(self) -> int:  # noqa: N802
+        """Older segments still holding jobs at most."""
+        return self._int("SEGMENT_LIMIT", minimum=1, maximum=64)
 
     @property
     def UNKNOWN_TASK_TIMEOUT_SECONDS(self) -> float:  # noqa: N802

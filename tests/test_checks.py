@@ -123,6 +123,8 @@ BAD_VALUES = {
     "RETENTION": {"finished": 1},
     "HISTORY_PERIOD": "month",
     "HISTORY_PREMAKE": 0,
+    "SEGMENT_JOBS": 0,
+    "SEGMENT_LIMIT": 65,
     "CLAIM_FLOOR_AFTER_SECONDS": -0.5,
 }
 

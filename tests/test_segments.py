@@ -483,3 +483,201 @@ def test_enable_and_disable_on_a_live_queue_lose_and_repeat_nothing(migrated):
             stop.set()
             for worker in running:
                 worker.stop()
+
+
+# --- rotation --------------------------------------------------------------------------
+
+
+def _rotate(conn: psycopg.Connection[Any], **options: Any) -> segments.Rotation:
+    """One rotation step in a transaction of its own, as housekeeping runs it."""
+    settings = {"jobs_per_segment": 10, "max_holding": 4, "lock_wait": 0.05, **options}
+    with conn.transaction():
+        rotation = segments.rotate(conn, **settings)
+    assert rotation is not None
+    return rotation
+
+
+def _segment_of(conn: psycopg.Connection[Any]) -> dict[int, int]:
+    return dict(
+        conn.execute("SELECT segment, count(*) FROM django_pgqueue_job GROUP BY 1").fetchall()
+    )
+
+
+def test_rotation_is_a_no_op_on_a_plain_table(migrated):
+    with _connect(migrated) as conn, conn.transaction():
+        assert segments.rotate(conn, jobs_per_segment=1, max_holding=1, lock_wait=0.05) is None
+
+
+def test_rotation_attaches_ahead_switches_and_drops_what_emptied(migrated):
+    with _connect(migrated) as conn:
+        segments.enable(conn)
+        _seed(conn, 5)
+        assert _rotate(conn) == segments.Rotation()  # 5 ids given, 10 per segment
+        _seed(conn, 5)
+        assert _rotate(conn) == segments.Rotation(attached=1)
+        assert segments.layout(conn) == segments.Layout(True, (0, 1), 0)
+        _seed(conn, 1)  # still segment 0: the switch comes at the next step
+        assert _rotate(conn) == segments.Rotation(switched_to=1)
+        _seed(conn, 3)
+        assert _segment_of(conn) == {0: 11, 1: 3}
+        # Segment 0's jobs leave (finished, or moved): it is emptied whole, then dropped.
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
+        rotation = _rotate(conn)
+        assert (rotation.truncated, rotation.dropped) == ((0,), (0,))
+        assert segments.layout(conn) == segments.Layout(True, (1,), 1)
+        assert conn.execute("SELECT to_regclass('django_pgqueue_job_s0')").fetchone() == (None,)
+        # Nothing the enqueue path reads changed: keys still work across the switch.
+        store = _store(migrated)
+        keyed = store.enqueue(JobSpec("tests.tasks.noop", idempotency_key="k"))
+        assert store.enqueue(JobSpec("tests.tasks.noop", idempotency_key="k")).id == keyed.id
+
+
+def test_the_switch_waits_for_a_writer_that_began_before_the_attach(migrated):
+    with _connect(migrated) as conn, _connect(migrated) as writer:
+        segments.enable(conn)
+        _seed(conn, 10)
+        writer.execute("BEGIN")
+        _seed(writer, 1)  # holds the job table's writer lock from before the attach
+        assert _rotate(conn).attached == 1
+        rotation = _rotate(conn)
+        assert (rotation.switched_to, rotation.waiting) == (None, 1)
+        # Switched now, its next insert would go to a segment it cannot see; it goes on
+        # into segment 0 and commits.
+        _seed(writer, 1)
+        writer.execute("COMMIT")
+        assert _rotate(conn).switched_to == 1
+        _seed(conn, 1)
+        assert _segment_of(conn) == {0: 12, 1: 1}
+
+
+def test_a_segment_a_long_transaction_read_is_emptied_once_it_ends(migrated):
+    with _connect(migrated) as conn, _connect(migrated) as holder:
+        segments.enable(conn)
+        _seed(conn, 10)
+        # A snapshot taken while segment 0 was the only one, and kept.
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert holder.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (10,)
+        _rotate(conn)
+        _rotate(conn)  # new jobs go to segment 1, attached after the snapshot
+        _seed(conn, 10)
+        _rotate(conn)
+        _rotate(conn)  # and then to segment 2
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment IN (0, 1)")
+        rotation = _rotate(conn)
+        # The holder's read locked segment 0 until it ends; segment 1 it never read, so
+        # it is emptied (its dead rows gone), though not detached: the holder's lock on
+        # the job table stops the DETACH.
+        assert (rotation.truncated, rotation.dropped) == ((1,), ())
+        assert segments.layout(conn).segments == (0, 1, 2)
+        # The holder still reads what its snapshot saw.
+        assert holder.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (10,)
+        holder.execute("ROLLBACK")
+        rotation = _rotate(conn)
+        assert (rotation.truncated, rotation.dropped) == ((0,), (0, 1))
+        assert segments.layout(conn).segments == (2,)
+
+
+def test_no_segment_is_attached_while_the_limit_of_segments_holding_jobs_is_reached(migrated):
+    with _connect(migrated) as conn:
+        segments.enable(conn)
+        _seed(conn, 10)
+        _rotate(conn, max_holding=1)
+        _rotate(conn, max_holding=1)  # segment 0 keeps its 10 jobs
+        _seed(conn, 10)
+        rotation = _rotate(conn, max_holding=1)
+        assert (rotation.attached, rotation.at_bound, rotation.holding) == (None, True, (0,))
+        assert segments.layout(conn).segments == (0, 1)
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
+        rotation = _rotate(conn, max_holding=1)
+        assert (rotation.dropped, rotation.attached) == ((0,), 2)
+
+
+def test_workers_rotate_segments_while_jobs_flow_and_each_runs_once(migrated):
+    store = _store(migrated)
+    with _connect(migrated) as conn:
+        segments.enable(conn)
+        settings = {"SEGMENT_JOBS": 100, "HOUSEKEEPING_INTERVAL_SECONDS": 0.2}
+        running = [
+            WorkerProcess(migrated, "--concurrency", "4", settings=settings) for _ in range(2)
+        ]
+        try:
+            total = 0
+
+            def current() -> int:
+                return conn.execute("SELECT pgq_current_segment()").fetchone()[0]
+
+            # Each round gives the current segment more ids than SEGMENT_JOBS: the
+            # workers' housekeeping attaches the next one and switches to it.
+            for round_ in range(6):
+                before = current()
+                store.enqueue_many(
+                    [
+                        JobSpec(
+                            "tests.tasks.ledger_sleep",
+                            kwargs={"label": f"{round_}-{n}"},
+                            idempotency_key=f"{round_}-{n}" if n % 2 else None,
+                            partition_key=f"p{n % 3}" if n % 5 == 0 else None,
+                        )
+                        for n in range(150)
+                    ]
+                )
+                total += 150
+                wait_for(
+                    lambda before=before: current() > before,
+                    timeout=60,
+                    message="housekeeping to switch segments",
+                )
+
+            def left() -> int:
+                return conn.execute(
+                    "SELECT count(*) FROM django_pgqueue_job_all WHERE status <> 'succeeded'"
+                ).fetchone()[0]
+
+            wait_for(lambda: left() == 0, timeout=120, message="the drain to end")
+            starts = [entry for entry in entries(conn) if entry["event"] == "start"]
+            assert len(starts) == total
+            assert len({entry["job_id"] for entry in starts}) == total, "a job ran twice"
+            assert current() == 6
+            wait_for(
+                lambda: len(segments.layout(conn).segments) <= 3,
+                timeout=30,
+                message="the emptied segments to be dropped",
+            )
+            assert_logged_no_error(*running)
+        finally:
+            for worker in running:
+                worker.stop()
+
+
+def _command(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    return subprocess.run(
+        [sys.executable, "-m", "tests.manage", "pgqueuesegments", *args],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_the_command_says_how_the_job_table_is_stored_and_converts_it(migrated):
+    with _connect(migrated) as conn:
+        _seed(conn, 7)
+    status = _command(migrated, "status")
+    assert (status.returncode, status.stdout) == (0, "Layout: plain table.\n")
+    refused = _command(migrated, "disable")
+    assert refused.returncode == 2
+    assert "django_pgqueue_job is not in segments" in refused.stderr
+    enabled = _command(migrated, "enable", "--lock-timeout", "2")
+    assert enabled.returncode == 0, enabled.stderr
+    lines = enabled.stdout.splitlines()
+    assert lines[0].startswith("The job table is in segments: the swap held its lock ")
+    assert lines[1:] == ["Layout: segments 0; new jobs go to segment 0.", "  segment 0: 7 jobs"]
+    disabled = _command(migrated, "disable")
+    assert disabled.returncode == 0, disabled.stderr
+    assert disabled.stdout.splitlines()[-1] == "Layout: plain table."
+    bad = _command(migrated, "enable", "--lock-timeout", "0")
+    assert bad.returncode == 2
+    assert "lock_timeout must be positive" in bad.stderr

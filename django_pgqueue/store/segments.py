@@ -49,8 +49,10 @@ __all__ = [
     "SwapReport",
     "disable",
     "enable",
+    "jobs_per_segment",
     "layout",
     "prepare",
+    "rotate",
 ]
 
 logger = logging.getLogger("django_pgqueue.segments")
@@ -60,6 +62,7 @@ VIEW = "django_pgqueue_job_all"
 SEQUENCE = "pgq_segment_seq"
 CURRENT = "pgq_current_segment"
 SAVED = "pgq_segment_saved"
+SEGMENTS = "pgq_segment"  # one row per segment attached: when, and from which job id
 PARENT = "pgq_job_parent"  # the partitioned table while enable builds it
 RETIRED = "pgq_job_retired"  # the partitioned table while disable drops it
 IDEMPOTENCY = "pgq_job_idempotency"  # the plain index the key look-ups read
@@ -115,6 +118,19 @@ def layout(conn: psycopg.Connection[Any]) -> Layout:
     segments = sorted(int(re.sub(r"\D", "", bound)) for (bound,) in rows)
     (current,) = conn.execute(f"SELECT {CURRENT}()").fetchone() or (None,)
     return Layout(True, tuple(segments), current)
+
+
+def jobs_per_segment(conn: psycopg.Connection[Any]) -> dict[int, int]:
+    """Jobs in each attached segment (a count of each: for an operator, not a hot path)."""
+    return {
+        number: int(
+            _one(
+                conn,
+                sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(segment_table(number))),
+            )[0]
+        )
+        for number in layout(conn).segments
+    }
 
 
 def enable(
@@ -213,6 +229,12 @@ def prepare(
         "definition text NOT NULL, PRIMARY KEY (kind, name))"
     )
     conn.execute(f"COMMENT ON TABLE {SAVED} IS {_literal(_SAVED_COMMENT)}")
+    conn.execute(
+        f"CREATE TABLE IF NOT EXISTS {SEGMENTS} (segment integer PRIMARY KEY, "
+        "attached_at timestamptz NOT NULL DEFAULT clock_timestamp(), "
+        "switched_at timestamptz, first_id bigint)"
+    )
+    conn.execute(f"COMMENT ON TABLE {SEGMENTS} IS {_literal(_SEGMENTS_COMMENT)}")
     # The first run's definitions are the ones to restore: a run after a failed swap
     # finds the same ones, and one after the swap never gets here.
     for name in UNIQUE_KEYS:
@@ -306,7 +328,189 @@ def _tidy_plain(conn: psycopg.Connection[Any], patience: _Patience) -> None:
     conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {IDEMPOTENCY}")
     conn.execute(f"DROP FUNCTION IF EXISTS {CURRENT}()")
     conn.execute(f"DROP SEQUENCE IF EXISTS {SEQUENCE}")
+    conn.execute(f"DROP TABLE IF EXISTS {SEGMENTS}")
     conn.execute(f"DROP TABLE IF EXISTS {SAVED}")
+
+
+# --- rotation ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What one rotation step did."""
+
+    #: The segment attached ahead (new jobs go to it from a later step), if any.
+    attached: int | None = None
+    #: The segment new jobs now go to, if this step switched.
+    switched_to: int | None = None
+    #: Segments emptied whole (truncated), and those of them detached and dropped.
+    truncated: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    #: Segments still holding jobs, older than the current one.
+    holding: tuple[int, ...] = ()
+    #: The switch waits for this many transactions older than the attach.
+    waiting: int = 0
+    #: No segment was attached because this many already hold jobs (the bound).
+    at_bound: bool = False
+
+
+#: Attached segments at most, empty ones included: a long transaction that read the
+#: job table keeps emptied segments from being detached until it ends.
+MAX_ATTACHED = 256
+
+
+def rotate(
+    conn: psycopg.Connection[Any], *, jobs_per_segment: int, max_holding: int, lock_wait: float
+) -> Rotation | None:
+    """One step of rotation, in the caller's transaction (housekeeping's); None when
+    the job table is not in segments.
+
+    1. Empty each segment older than the current one that no longer holds a job:
+       ``TRUNCATE`` under its exclusive lock (the rows were checked gone under it), then
+       ``DETACH`` and ``DROP`` if the job table's lock is granted within ``lock_wait``.
+       A segment a long transaction has read keeps its lock until that ends: it stays,
+       empty, and is tried again next step.
+    2. Switch new jobs to the segment attached ahead, once no transaction that began
+       before its ``ATTACH`` still writes to the job table: such a transaction routes
+       rows with the partitions it saw, and would fail to insert into the new one.
+    3. Attach the next segment ahead once the current one has been given
+       ``jobs_per_segment`` job ids, unless ``max_holding`` older segments still hold
+       jobs (each open segment is one more index probe for a statement that finds a job
+       by id).
+    """
+    if _relkind(conn, JOB_TABLE) != "p" or _relkind(conn, SEGMENTS) is None:
+        return None
+    conn.execute(
+        "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(lock_wait * 1000))}ms"]
+    )
+    current = layout(conn)
+    assert current.current is not None
+    truncated: list[int] = []
+    dropped: list[int] = []
+    holding: list[int] = []
+    for number in current.segments:
+        if number >= current.current:
+            continue
+        now, state = _empty(conn, number)
+        if now:
+            truncated.append(number)
+        if state == "holding":
+            holding.append(number)
+        if state == "dropped":
+            dropped.append(number)
+    ahead = [number for number in current.segments if number > current.current]
+    attached = switched = None
+    waiting = 0
+    at_bound = False
+    if ahead:
+        waiting = _older_writers(conn, ahead[0])
+        if not waiting:
+            _switch(conn, ahead[0])
+            switched = ahead[0]
+    elif _ids_given(conn, current.current) >= jobs_per_segment:
+        attached_count = len(current.segments) - len(dropped)
+        if len(holding) >= max_holding or attached_count >= MAX_ATTACHED:
+            at_bound = True
+        else:
+            attached = current.current + 1
+            _attach(conn, attached)
+    return Rotation(
+        attached=attached,
+        switched_to=switched,
+        truncated=tuple(truncated),
+        dropped=tuple(dropped),
+        holding=tuple(holding),
+        waiting=waiting,
+        at_bound=at_bound,
+    )
+
+
+def _ids_given(conn: _Conn, number: int) -> int:
+    """Job ids handed out since new jobs were pointed at segment ``number``."""
+    (given,) = _one(
+        conn,
+        f"SELECT sequence.last_value - segment.first_id FROM {JOB_TABLE}_id_seq AS sequence, "
+        f"{SEGMENTS} AS segment WHERE segment.segment = %s",
+        [number],
+    )
+    return int(given)
+
+
+def _older_writers(conn: _Conn, number: int) -> int:
+    """Transactions that began before segment ``number`` was attached and hold a
+    writer's lock on the job table."""
+    (count,) = _one(
+        conn,
+        "SELECT count(DISTINCT lock.pid) FROM pg_locks AS lock "
+        "JOIN pg_stat_activity AS activity ON activity.pid = lock.pid "
+        f"WHERE lock.relation = %s::regclass AND lock.mode = 'RowExclusiveLock' "
+        f"AND activity.xact_start < (SELECT attached_at FROM {SEGMENTS} WHERE segment = %s)",
+        [JOB_TABLE, number],
+    )
+    return int(count)
+
+
+def _switch(conn: psycopg.Connection[Any], number: int) -> None:
+    # A sequence's value is not transactional: the switch stands even if the step rolls
+    # back. It only points at a segment attached by a committed earlier step.
+    conn.execute(f"SELECT setval('{SEQUENCE}', %s, true)", [number])
+    conn.execute(
+        f"UPDATE {SEGMENTS} SET switched_at = now(), "
+        f"first_id = (SELECT last_value FROM {JOB_TABLE}_id_seq) WHERE segment = %s",
+        [number],
+    )
+
+
+def _attach(conn: psycopg.Connection[Any], number: int) -> None:
+    """A new segment, made empty and attached ahead; new jobs go to it after a switch."""
+    table = segment_table(number)
+    newest = segment_table(max(layout(conn).segments))
+    (options,) = _one(conn, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [newest])
+    storage = f" WITH ({', '.join(options)})" if options else ""
+    conn.execute(
+        f"CREATE TABLE {table} (LIKE {JOB_TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+        f"INCLUDING STORAGE INCLUDING STATISTICS){storage}"
+    )
+    for name, definition in _plain_indexes(conn, JOB_TABLE):
+        conn.execute(_retarget_index(definition, f"{name}_s{number}", table))
+    conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id, segment)")
+    conn.execute(
+        f"ALTER TABLE {table} ADD CONSTRAINT pgq_job_segment_{number} CHECK (segment = {number})"
+    )
+    conn.execute(f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {table} FOR VALUES IN ({number})")
+    conn.execute(f"INSERT INTO {SEGMENTS} (segment) VALUES (%s)", [number])
+
+
+def _empty(conn: psycopg.Connection[Any], number: int) -> tuple[bool, str]:
+    """Empty segment ``number`` if it holds no job. Returns whether it was truncated
+    now, and what it is: "holding" jobs, "busy" (a lock was not granted), "kept" (empty,
+    still attached) or "dropped"."""
+    table = segment_table(number)
+    (size,) = _one(conn, "SELECT pg_relation_size(%s::regclass)", [table])
+    truncated = False
+    if size:
+        # Checked first without the lock, which would stop every statement on the job
+        # table's segments while it waits.
+        if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
+            return False, "holding"
+        try:
+            with conn.transaction():
+                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                # Under the lock no writer is left: what this sees is all there is.
+                if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
+                    return False, "holding"
+                conn.execute(f"TRUNCATE {table}")
+                truncated = True
+        except psycopg.errors.LockNotAvailable:
+            return False, "busy"
+    try:
+        with conn.transaction():
+            conn.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
+            conn.execute(f"DROP TABLE {table}")
+            conn.execute(f"DELETE FROM {SEGMENTS} WHERE segment = %s", [number])
+    except psycopg.errors.LockNotAvailable:
+        return truncated, "kept"
+    return truncated, "dropped"
 
 
 # --- the two swaps ------------------------------------------------------------------
@@ -317,6 +521,10 @@ _CARRIED = (f"{JOB_TABLE}_pkey", FIRST_KEY, *UNIQUE_KEYS)
 
 _CURRENT_COMMENT = (
     "django-pgqueue: the segment new jobs go to (the job table's segment column default)."
+)
+_SEGMENTS_COMMENT = (
+    "django-pgqueue: the job table's segments: when each was attached, when new jobs "
+    "were first pointed at it, and the job id sequence's value then."
 )
 _SAVED_COMMENT = (
     "django-pgqueue: what putting the job table in segments dropped, for making it plain "
@@ -381,6 +589,10 @@ def _enable_swap(cur: psycopg.Cursor[Any]) -> None:
     # The view read the old table by its identity: made again, it reads the new one.
     cur.execute(f"CREATE OR REPLACE VIEW {VIEW} AS {view}")
     cur.execute(f"SELECT setval('{SEQUENCE}', 0, true)")
+    cur.execute(
+        f"INSERT INTO {SEGMENTS} (segment, switched_at, first_id) VALUES (0, now(), 0) "
+        "ON CONFLICT (segment) DO NOTHING"
+    )
     invalid = _invalid_indexes(cur, JOB_TABLE)
     if invalid:
         raise SegmentLayoutError(
@@ -493,7 +705,9 @@ def _swap(
 _Conn = psycopg.Connection[Any] | psycopg.Cursor[Any]
 
 
-def _one(conn: _Conn, query: str, params: list[Any] | None = None) -> tuple[Any, ...]:
+def _one(
+    conn: _Conn, query: str | sql.Composed, params: list[Any] | None = None
+) -> tuple[Any, ...]:
     row = conn.execute(query, params).fetchone()
     if row is None:
         raise SegmentLayoutError(f"no row from the catalog for: {query}")

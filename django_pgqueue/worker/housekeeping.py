@@ -25,6 +25,7 @@ import psycopg
 from django_pgqueue.conf import conf
 from django_pgqueue.store.queue import LAZY_FOLD_BATCH, QueueStore
 from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.segments import Rotation, rotate
 from django_pgqueue.store.values import ReapedJob
 from django_pgqueue.worker.connection import CONNECTION_ERRORS, TRANSIENT_ERRORS, ConnectionSlot
 from django_pgqueue.worker.cursor import ReapFloor
@@ -57,6 +58,9 @@ LAZY_FOLD_SECONDS = 0.25
 #: pause lasts. A step runs its statements back to back, so only a paused (or badly
 #: starved) process reaches it.
 STEP_IDLE_SECONDS = 5.0
+#: The longest a rotation step waits for a segment's or the job table's lock: every
+#: statement on the job table queues behind a DETACH or TRUNCATE that waits.
+SEGMENT_LOCK_WAIT_SECONDS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +204,7 @@ def run_pass(
     _, moved = _step(slot, move_finished)
     _, history = _step(slot, prune_history)
     _step(slot, prune_idempotency_keys)
+    _, rotation = _step(slot, lambda store: _rotate(slot))
     if history is not None:
         pruned += history.deleted
     repaired = 0
@@ -233,6 +238,8 @@ def run_pass(
         )
     if moved:
         logger.info("housekeeping: %d finished jobs moved to the history", moved)
+    if rotation is not None:
+        _log_rotation(rotation)
     if reaped or dead_workers or pruned or repaired:
         logger.info(
             "housekeeping: %d expired leases recovered (%d dead-lettered), %d silent workers "
@@ -244,6 +251,34 @@ def run_pass(
             report.partitions_repaired,
         )
     return report
+
+
+def _rotate(slot: ConnectionSlot) -> Rotation | None:
+    return rotate(
+        slot.connection,
+        jobs_per_segment=conf.SEGMENT_JOBS,
+        max_holding=conf.SEGMENT_LIMIT,
+        lock_wait=SEGMENT_LOCK_WAIT_SECONDS,
+    )
+
+
+def _log_rotation(rotation: Rotation) -> None:
+    if rotation.attached is not None:
+        logger.info("housekeeping: job table segment %d attached", rotation.attached)
+    if rotation.switched_to is not None:
+        logger.info("housekeeping: new jobs go to segment %d", rotation.switched_to)
+    if rotation.truncated or rotation.dropped:
+        logger.info(
+            "housekeeping: job table segments emptied: %s; detached and dropped: %s",
+            ", ".join(map(str, rotation.truncated)) or "none",
+            ", ".join(map(str, rotation.dropped)) or "none",
+        )
+    if rotation.at_bound:
+        logger.warning(
+            "housekeeping: no new job table segment: segments %s still hold jobs "
+            "(PGQUEUE_SEGMENT_LIMIT); new jobs stay in the current one",
+            ", ".join(map(str, rotation.holding)),
+        )
 
 
 class PartitionRepair:
