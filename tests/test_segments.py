@@ -13,17 +13,21 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from django.db.utils import OperationalError
 
-from django_pgqueue.store import segments
+from django_pgqueue.states import JobStatus
+from django_pgqueue.store import pgconn, segments
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
-from django_pgqueue.store.segments import SegmentLayoutError
+from django_pgqueue.store.segments import PARKED, SegmentLayoutError
 from django_pgqueue.store.sql import QUERIES
+from django_pgqueue.store.statements.base import moved_row
 from django_pgqueue.store.values import JobSpec
 from tests.ledger import entries
 from tests.plans import explain, walk
@@ -69,10 +73,17 @@ def _close_stores() -> Iterator[None]:
         _opened.pop().close()
 
 
-def _store(url: str) -> QueueStore:
-    conn = psycopg.connect(url, autocommit=True)
+def _worker_connection(url: str) -> psycopg.Connection[Any]:
+    """A connection set up as pgconn.connect sets up a worker's (jsonb as text, UTC,
+    prepared statements with generic plans), to a database of the test's own."""
+    conn = psycopg.connect(url, autocommit=True, context=pgconn._ADAPTERS)
+    conn.execute("SET TIME ZONE 'UTC'; " + pgconn.GENERIC_PLAN_SESSION)
     _opened.append(conn)
-    return QueueStore(PsycopgRunner(conn, "default"))
+    return conn
+
+
+def _store(url: str) -> QueueStore:
+    return QueueStore(PsycopgRunner(_worker_connection(url), "default"))
 
 
 # What a database's queue schema is, for comparing two: every column, index, constraint,
@@ -125,6 +136,10 @@ def schema(conn: psycopg.Connection[Any]) -> dict[str, list[tuple[Any, ...]]]:
     found["triggers"] = sorted(
         (name, _normal(definition), enabled) for name, definition, enabled in found["triggers"]
     )
+    # An index made again from pg_get_indexdef's text prints its predicate's casts alike.
+    found["indexes"] = [
+        (name, _normal(definition), *rest) for name, definition, *rest in found["indexes"]
+    ]
     return found
 
 
@@ -166,7 +181,7 @@ def test_enable_then_disable_gives_back_the_migrated_schema(migrated):
             assert before == expected
 
             segments.enable(conn)
-            assert segments.layout(conn) == segments.Layout(True, (0,), 0)
+            assert segments.layout(conn) == segments.Layout(True, (0,), 0, parked=True)
             on_segments = schema(conn)
             relations = {row[0]: row for row in on_segments["relations"]}
             assert relations["django_pgqueue_job"][1] == "p"
@@ -264,7 +279,7 @@ def test_wrong_requests_are_refused_with_what_was_wrong(migrated):
 def test_enable_refuses_a_database_without_this_releases_migrations(migrated):
     _manage(migrated, "migrate", "django_pgqueue", "0026", "--noinput")
     with _connect(migrated) as conn:
-        with pytest.raises(SegmentLayoutError, match="0027_take_old_idempotency_keys"):
+        with pytest.raises(SegmentLayoutError, match="lacks this release's migrations"):
             segments.enable(conn)
         assert segments.layout(conn).segmented is False
 
@@ -515,7 +530,7 @@ def test_rotation_attaches_ahead_switches_and_drops_what_emptied(migrated):
         assert _rotate(conn) == segments.Rotation()  # 5 ids given, 10 per segment
         _seed(conn, 5)
         assert _rotate(conn) == segments.Rotation(attached=1)
-        assert segments.layout(conn) == segments.Layout(True, (0, 1), 0)
+        assert segments.layout(conn) == segments.Layout(True, (0, 1), 0, parked=True)
         _seed(conn, 1)  # still segment 0: the switch comes at the next step
         assert _rotate(conn) == segments.Rotation(switched_to=1)
         _seed(conn, 3)
@@ -524,7 +539,7 @@ def test_rotation_attaches_ahead_switches_and_drops_what_emptied(migrated):
         conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
         rotation = _rotate(conn)
         assert (rotation.truncated, rotation.dropped) == ((0,), (0,))
-        assert segments.layout(conn) == segments.Layout(True, (1,), 1)
+        assert segments.layout(conn) == segments.Layout(True, (1,), 1, parked=True)
         assert conn.execute("SELECT to_regclass('django_pgqueue_job_s0')").fetchone() == (None,)
         # Nothing the enqueue path reads changed: keys still work across the switch.
         store = _store(migrated)
@@ -674,10 +689,371 @@ def test_the_command_says_how_the_job_table_is_stored_and_converts_it(migrated):
     assert enabled.returncode == 0, enabled.stderr
     lines = enabled.stdout.splitlines()
     assert lines[0].startswith("The job table is in segments: the swap held its lock ")
-    assert lines[1:] == ["Layout: segments 0; new jobs go to segment 0.", "  segment 0: 7 jobs"]
+    assert lines[1:] == [
+        "Layout: segments 0; new jobs go to segment 0.",
+        "  segment 0: 7 jobs",
+        "  parked: 0 jobs",
+    ]
     disabled = _command(migrated, "disable")
     assert disabled.returncode == 0, disabled.stderr
     assert disabled.stdout.splitlines()[-1] == "Layout: plain table."
     bad = _command(migrated, "enable", "--lock-timeout", "0")
     assert bad.returncode == 2
     assert "lock_timeout must be positive" in bad.stderr
+
+
+# --- the mover -------------------------------------------------------------------------
+
+
+def test_the_mover_takes_the_jobs_that_would_keep_a_segment_and_leaves_the_rest(migrated):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store = _store(migrated)
+    with _connect(migrated) as conn:
+        segments.enable(conn)
+        blocker = store.enqueue(JobSpec("tests.tasks.add", args=[1, 1])).id
+        jobs = {
+            "scheduled": store.enqueue(
+                JobSpec("tests.tasks.add", args=[2, 2], available_at=later, idempotency_key="k")
+            ).id,
+            "blocked": store.enqueue(JobSpec("tests.tasks.add", args=[3, 3], after=[blocker])).id,
+            "coalesced": store.enqueue(
+                JobSpec("tests.tasks.add", args=[4, 4], available_at=later, coalesce_key="c")
+            ).id,
+            "running": store.enqueue(JobSpec("tests.tasks.add", args=[5, 5], queue="low")).id,
+        }
+        (claimed,) = store.claim("w", ["low"], per_queue=1, lease_seconds=600)
+        assert claimed.id == jobs["running"]
+        _rotate(conn, jobs_per_segment=1)
+        assert _rotate(conn, jobs_per_segment=1).switched_to == 1
+        rotation = _rotate(conn, jobs_per_segment=1_000)
+        assert rotation.moved == 2
+        placed = dict(conn.execute("SELECT id, segment FROM django_pgqueue_job").fetchall())
+        assert placed == {
+            blocker: 0,  # ready now: claimed where it is
+            jobs["scheduled"]: PARKED,  # not due for an hour: parked, once
+            jobs["blocked"]: PARKED,
+            jobs["coalesced"]: 0,  # a producer's transaction may update it
+            jobs["running"]: 0,
+        }
+        # The moved job kept its idempotency key (the trigger let it through).
+        again = store.enqueue(
+            JobSpec("tests.tasks.add", args=[9, 9], available_at=later, idempotency_key="k")
+        )
+        assert (again.id, again.created) == (jobs["scheduled"], False)
+        assert conn.execute(
+            "SELECT count(*) FROM django_pgqueue_job_key WHERE idempotency_key = 'k'"
+        ).fetchone() == (1,)
+        # A segment older than the previous one gives up its ready jobs as well.
+        store.enqueue(JobSpec("tests.tasks.noop"))
+        _rotate(conn, jobs_per_segment=1)
+        assert _rotate(conn, jobs_per_segment=1).switched_to == 2
+        assert _rotate(conn, jobs_per_segment=1_000).moved == 1
+        assert conn.execute(
+            "SELECT segment FROM django_pgqueue_job WHERE id = %s", [blocker]
+        ).fetchone() == (2,)
+        # Everything still runs: the moved blocked job once its blocker succeeded.
+        store.run_now([jobs["scheduled"], jobs["coalesced"]])
+        worker = WorkerProcess(migrated, "--poll-interval", "0.1")
+        try:
+            wanted = [blocker, jobs["scheduled"], jobs["blocked"], jobs["coalesced"]]
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM django_pgqueue_job_all WHERE id = ANY(%s) "
+                        "AND status = 'succeeded'",
+                        [wanted],
+                    ).fetchone()[0]
+                    == 4
+                ),
+                timeout=60,
+                message=worker.output(),
+            )
+            assert_logged_no_error(worker)
+        finally:
+            worker.stop()
+
+
+class _CountingStore(QueueStore):
+    """Counts the statements run, by name: a retried one shows as run twice."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.runs: list[str] = []
+
+    def _run(self, name: str, **params: Any) -> Any:
+        self.runs.append(name)
+        return super()._run(name, **params)
+
+
+def test_a_dependency_on_a_job_moved_under_its_lock_is_recorded_on_the_next_try(migrated):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store = _store(migrated)
+    with _connect(migrated) as conn, _connect(migrated) as mover:
+        segments.enable(conn)
+        job = store.enqueue(JobSpec("tests.tasks.add", args=[1, 1], available_at=later)).id
+        _rotate(conn, jobs_per_segment=1)
+        _rotate(conn, jobs_per_segment=1)
+        # The mover's transaction moves the job and keeps its lock...
+        mover.execute("BEGIN")
+        mover.execute("SELECT set_config('django_pgqueue.moving_segments', 'on', true)")
+        mover.execute("UPDATE django_pgqueue_job SET segment = 1 WHERE id = %s", [job])
+        # ...while a producer's lock of its blocker waits for it, in a snapshot in which
+        # the job is still in segment 0: once the mover commits, that statement fails
+        # with a serialization failure, and runs again.
+        own = _worker_connection(migrated)
+        counting = _CountingStore(PsycopgRunner(own, "default"))
+        (pid,) = own.execute("SELECT pg_backend_pid()").fetchone()
+        outcome: list[Any] = []
+
+        def act() -> None:
+            try:
+                with own.transaction():  # the producer's own transaction goes on
+                    outcome.append(counting.enqueue(JobSpec("tests.tasks.noop", after=[job])))
+            except BaseException as error:  # reported below
+                outcome.append(error)
+
+        thread = threading.Thread(target=act, daemon=True)
+        thread.start()
+        waits = "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s"
+        wait_for(
+            lambda: conn.execute(waits, [pid]).fetchone() == ("Lock",),
+            timeout=10,
+            message="the producer to wait for the mover's lock",
+        )
+        mover.execute("COMMIT")
+        thread.join(timeout=30)
+        (result,) = outcome
+        assert not isinstance(result, BaseException), result
+        assert counting.runs.count("lock_blockers") == 2
+        assert result.created
+        assert conn.execute(
+            "SELECT status FROM django_pgqueue_job WHERE id = %s", [result.id]
+        ).fetchone() == ("blocked",)
+        assert conn.execute(
+            "SELECT has_dependents, segment FROM django_pgqueue_job WHERE id = %s", [job]
+        ).fetchone() == (True, 1)
+
+
+def test_operator_actions_on_a_job_being_moved_wait_for_it_and_apply(migrated):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store = _store(migrated)
+    with _connect(migrated) as conn, _connect(migrated) as mover:
+        segments.enable(conn)
+        jobs = [
+            store.enqueue(JobSpec("tests.tasks.add", args=[n, n], available_at=later)).id
+            for n in range(3)
+        ]
+        _rotate(conn, jobs_per_segment=1)
+        _rotate(conn, jobs_per_segment=1)
+
+        def move(ids: list[int], segment: int) -> None:
+            mover.execute("BEGIN")
+            mover.execute("SELECT set_config('django_pgqueue.moving_segments', 'on', true)")
+            mover.execute(
+                "UPDATE django_pgqueue_job SET segment = %s WHERE id = ANY(%s)", [segment, ids]
+            )
+
+        # Waiting for a job and running it now pass a locked row by (the caller asks
+        # again, as for a row a claim holds); once the move commits, both apply.
+        move(jobs, 1)
+        assert store.mark_awaited(jobs[0]) == (JobStatus.PENDING, False)
+        assert store.run_now(jobs[:1]).skipped == (jobs[0],)
+        mover.execute("COMMIT")
+        assert store.mark_awaited(jobs[0]) == (JobStatus.PENDING, True)
+        assert store.run_now(jobs[:1]).done == (jobs[0],)
+        # A cancel retries a locked row for a second: the move commits meanwhile.
+        move(jobs, PARKED)
+        timer = threading.Timer(0.2, lambda: mover.execute("COMMIT"))
+        timer.start()
+        try:
+            assert store.cancel(jobs).done == tuple(jobs)
+        finally:
+            timer.join()
+        assert conn.execute(
+            "SELECT count(*) FROM django_pgqueue_job_all WHERE id = ANY(%s) "
+            "AND status = 'cancelled'",
+            [jobs],
+        ).fetchone() == (3,)
+
+
+def test_a_statement_failing_with_a_serialization_failure_is_run_again_then_given_up(
+    migrated,
+):
+    store = _store(migrated)
+    with _connect(migrated) as conn:
+        conn.execute("CREATE SEQUENCE pgq_test_tries")
+        conn.execute(
+            "CREATE FUNCTION pgq_test_flaky(fails integer) RETURNS integer LANGUAGE plpgsql "
+            "AS $$ BEGIN IF nextval('pgq_test_tries') <= fails THEN RAISE EXCEPTION "
+            "'moved' USING ERRCODE = '40001'; END IF; RETURN 1; END $$"
+        )
+        own = store.runner.connection
+
+        def flaky(fails: int) -> int:
+            return own.execute("SELECT pgq_test_flaky(%s)", [fails]).fetchone()[0]
+
+        assert store._retrying_moves(lambda: flaky(4)) == 1  # 4 failures, the 5th try
+        conn.execute("SELECT setval('pgq_test_tries', 1, false)")
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            store._retrying_moves(lambda: flaky(5))
+        conn.execute("SELECT setval('pgq_test_tries', 1, false)")
+        # Any other error is not retried.
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            store._retrying_moves(lambda: own.execute("SELECT 1 / 0"))
+        assert conn.execute("SELECT nextval('pgq_test_tries')").fetchone() == (1,)
+    wrapped = OperationalError("moved")
+    wrapped.__cause__ = psycopg.errors.SerializationFailure()
+    assert moved_row(wrapped)
+    assert not moved_row(OperationalError("gone"))
+
+
+def test_disable_brings_the_segments_down_to_one_then_makes_the_table_plain(migrated):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store = _store(migrated)
+    with _connect(migrated) as conn:
+        before = schema(conn)
+        segments.enable(conn)
+        scheduled = store.enqueue(JobSpec("tests.tasks.noop", available_at=later)).id
+        coalesced = store.enqueue(JobSpec("tests.tasks.noop", coalesce_key="c")).id
+        running = store.enqueue(JobSpec("tests.tasks.noop", queue="low")).id
+        (claimed,) = store.claim("w", ["low"], per_queue=1, lease_seconds=600)
+        for _ in range(2):  # two turns: segments 0, 1 and 2, the scheduled job parked
+            _rotate(conn, jobs_per_segment=1)
+            _rotate(conn, jobs_per_segment=1)
+            store.enqueue(JobSpec("tests.tasks.noop"))
+        assert segments.layout(conn) == segments.Layout(True, (0, 1, 2), 2, parked=True)
+        assert conn.execute(
+            "SELECT segment FROM django_pgqueue_job WHERE id = %s", [scheduled]
+        ).fetchone() == (PARKED,)
+        # The running job and the coalesced one keep segment 0: disable waits for them,
+        # then says which segments are left.
+        with pytest.raises(SegmentLayoutError, match=r"remain: 0 \(2 jobs\)"):
+            segments.disable(conn, wait=1)
+        assert _rotate(conn, jobs_per_segment=1).attached is None  # rotation is stopped
+        # enable resumes rotation; disable again goes on once both jobs have left.
+        assert segments.enable(conn).tries == 0
+        store.complete_if_leased(claimed.lease, "null")
+        store.cancel([coalesced])
+        segments.disable(conn, wait=30)
+        after = schema(conn)
+        for part in SCHEMA:
+            assert after[part] == before[part], (
+                part,
+                set(after[part]) ^ set(before[part]),
+            )
+        assert conn.execute(
+            "SELECT status FROM django_pgqueue_job WHERE id = %s", [scheduled]
+        ).fetchone() == ("pending",)
+        assert conn.execute(
+            "SELECT status FROM django_pgqueue_job_all WHERE id = %s", [running]
+        ).fetchone() == ("succeeded",)
+
+
+def test_the_switch_waits_for_a_reader_that_began_before_the_attach_but_not_a_snapshot(
+    migrated,
+):
+    with (
+        _connect(migrated) as conn,
+        _connect(migrated) as reader,
+        _connect(migrated) as snapshot,
+    ):
+        segments.enable(conn)
+        _seed(conn, 10)
+        # A READ COMMITTED transaction that read the job table: it would not see a job
+        # in a segment attached after its first read.
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM django_pgqueue_job")
+        # A REPEATABLE READ one, idle with its snapshot: nothing written after it shows.
+        snapshot.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        snapshot.execute("SELECT count(*) FROM django_pgqueue_job")
+        assert _rotate(conn).attached == 1
+        assert _rotate(conn).waiting == 1
+        reader.execute("COMMIT")
+        assert _rotate(conn).switched_to == 1
+        _seed(conn, 1)
+        assert snapshot.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (10,)
+        snapshot.execute("COMMIT")
+        assert conn.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (11,)
+
+
+def test_under_a_held_snapshot_segments_are_emptied_whole_while_jobs_flow(migrated):
+    later = datetime.now(UTC) + timedelta(hours=1)
+    store = _store(migrated)
+    with _connect(migrated) as conn, _connect(migrated) as holder:
+        segments.enable(conn)
+        # The long transaction: a snapshot kept open, which VACUUM must respect.
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM django_pgqueue_job")
+        settings = {"SEGMENT_JOBS": 200, "HOUSEKEEPING_INTERVAL_SECONDS": 0.2}
+        running = [
+            WorkerProcess(migrated, "--concurrency", "4", settings=settings) for _ in range(2)
+        ]
+        try:
+
+            def current() -> int:
+                return conn.execute("SELECT pgq_current_segment()").fetchone()[0]
+
+            scheduled = []
+            for round_ in range(12):
+                before = current()
+                store.enqueue_many([JobSpec("tests.tasks.noop") for _ in range(250)])
+                scheduled += [
+                    outcome.id
+                    for outcome in store.enqueue_many(
+                        [JobSpec("tests.tasks.noop", available_at=later) for _ in range(5)]
+                    )
+                ]
+                wait_for(
+                    lambda before=before: current() > before,
+                    timeout=60,
+                    message=f"housekeeping to switch segments (round {round_})",
+                )
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM django_pgqueue_job WHERE available_at <= now()"
+                    ).fetchone()[0]
+                    == 0
+                ),
+                timeout=60,
+                message="the drain to end",
+            )
+            newest = current()
+
+            def emptied() -> list[int]:
+                return [
+                    number
+                    for number in segments.layout(conn).segments
+                    if 0 < number < newest - 1
+                    and conn.execute(
+                        "SELECT pg_relation_size(%s)", [segments.segment_table(number)]
+                    ).fetchone()[0]
+                    == 0
+                ]
+
+            # Every segment made after the snapshot and left behind was emptied whole
+            # (truncated) while the snapshot was held; only the holder's lock on the
+            # job table keeps them attached.
+            wait_for(
+                lambda: emptied() == list(range(1, newest - 1)),
+                timeout=30,
+                message="the old segments to be emptied",
+            )
+            parked = conn.execute(
+                "SELECT id FROM django_pgqueue_job WHERE segment = %s ORDER BY id", [PARKED]
+            ).fetchall()
+            # The scheduled jobs were parked once, as their segments were left behind
+            # (the newest ones' may still be where they were enqueued).
+            assert {job_id for (job_id,) in parked} <= set(scheduled)
+            assert len(parked) >= len(scheduled) - 15
+            assert holder.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (0,)
+            holder.execute("COMMIT")
+            wait_for(
+                lambda: len(segments.layout(conn).segments) <= 3,
+                timeout=30,
+                message="the emptied segments to be dropped once the snapshot ended",
+            )
+            assert_logged_no_error(*running)
+        finally:
+            for worker in running:
+                worker.stop()

@@ -44,6 +44,7 @@ from django_pgqueue.store.sql import _without
 
 __all__ = [
     "JOB_TABLE",
+    "PARKED",
     "Layout",
     "SegmentLayoutError",
     "SwapReport",
@@ -70,6 +71,14 @@ COALESCED_TYPE = "pgq_coalesced_job"  # the coalesced enqueue's result, not the 
 UNIQUE_KEYS = ("pgq_job_idempotency_key", "pgq_job_coalesce_key")
 FIRST_KEY = "pgq_job_s0_key"  # (id, segment): segment 0's primary key once attached
 PLAIN_KEY = "pgq_job_plain_key"  # (id): the plain table's primary key once detached
+#: The segment that is never emptied: jobs that would keep a rotating segment for long
+#: (blocked, or not due for a while) are moved there once, rather than at every turn.
+PARKED = -1
+PARKED_TABLE = f"{JOB_TABLE}_parked"
+
+
+class _Resumed(Exception):
+    """prepare() found a table in segments that disable() had begun to bring down."""
 
 
 class SegmentLayoutError(PgQueueError):
@@ -86,6 +95,8 @@ class Layout:
     segments: tuple[int, ...]
     #: The segment new jobs go to (None for a plain table).
     current: int | None
+    #: Whether the segment of jobs not due for a while is attached (see :data:`PARKED`).
+    parked: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,7 @@ class SwapReport:
 
 def segment_table(number: int) -> str:
     """The name of segment ``number``'s table."""
-    return f"{JOB_TABLE}_s{number}"
+    return PARKED_TABLE if number == PARKED else f"{JOB_TABLE}_s{number}"
 
 
 def layout(conn: psycopg.Connection[Any]) -> Layout:
@@ -115,9 +126,14 @@ def layout(conn: psycopg.Connection[Any]) -> Layout:
         "WHERE pg_inherits.inhparent = %s::regclass",
         [JOB_TABLE],
     ).fetchall()
-    segments = sorted(int(re.sub(r"\D", "", bound)) for (bound,) in rows)
+    # A segment detached while this read the catalog shows without its bound: gone.
+    numbers = sorted(int(_BOUND.findall(bound)[0]) for (bound,) in rows if bound is not None)
     (current,) = conn.execute(f"SELECT {CURRENT}()").fetchone() or (None,)
-    return Layout(True, tuple(segments), current)
+    segments = tuple(number for number in numbers if number != PARKED)
+    return Layout(True, segments, current, parked=PARKED in numbers)
+
+
+_BOUND = re.compile(r"-?\d+")
 
 
 def jobs_per_segment(conn: psycopg.Connection[Any]) -> dict[int, int]:
@@ -129,7 +145,7 @@ def jobs_per_segment(conn: psycopg.Connection[Any]) -> dict[int, int]:
                 sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(segment_table(number))),
             )[0]
         )
-        for number in layout(conn).segments
+        for number in (*layout(conn).segments, *((PARKED,) if layout(conn).parked else ()))
     }
 
 
@@ -149,7 +165,12 @@ def enable(
     it (the steps before are kept; running ``enable`` again finishes the conversion).
     """
     patience = _Patience(lock_timeout, tries, pause)
-    prepare(conn, lock_timeout=lock_timeout, tries=tries, pause=pause)
+    try:
+        prepare(conn, lock_timeout=lock_timeout, tries=tries, pause=pause)
+    except _Resumed:
+        conn.execute(f"DELETE FROM {SAVED} WHERE kind = 'state'")
+        logger.info("%s stays in segments: rotation resumes", JOB_TABLE)
+        return SwapReport(0.0, 0)
     report = _swap(conn, _enable_swap, patience)
     for name in UNIQUE_KEYS:
         conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
@@ -182,6 +203,8 @@ def prepare(
     _require_autocommit(conn)
     _require_latest_migration(conn)
     if _relkind(conn, JOB_TABLE) == "p":
+        if _saved(conn, "state"):
+            raise _Resumed
         raise SegmentLayoutError(f"{JOB_TABLE} is in segments already")
     unknown = [name for name in _unique_indexes(conn, JOB_TABLE) if name not in _CARRIED]
     if unknown:
@@ -250,6 +273,9 @@ def prepare(
     if functions:
         _make_layout_free(conn, functions)
     _build_parent(conn)
+    # Left by a run whose swap failed: never attached, never written.
+    conn.execute(f"DROP TABLE IF EXISTS {PARKED_TABLE}")
+    _make_segment(conn, PARKED, storage_of=JOB_TABLE)
 
 
 def disable(
@@ -258,13 +284,19 @@ def disable(
     lock_timeout: float = 0.5,
     tries: int = 120,
     pause: Callable[[float], None] = time.sleep,
+    wait: float = 600.0,
 ) -> SwapReport:
-    """Make a job table left with one segment a plain table again, as migrated.
+    """Make the job table a plain table again, as migrated, on a live table.
 
-    The segment's table becomes the job table: its indexes take their migrated names, the
-    unique key indexes :func:`enable` dropped are built again (concurrently, before the
-    swap), and the coalesced enqueue gets its backstop back. The same arguments and
-    errors as :func:`enable`.
+    First the segments are brought down to one: rotation stops attaching, and every
+    job that can move goes to the current segment (running jobs and coalesced pending
+    ones leave on their own, by finishing or being claimed); the others are emptied and
+    dropped. This waits up to ``wait`` seconds, then :class:`SegmentLayoutError` names
+    the segments still holding jobs (running ``disable`` again goes on; ``enable``
+    resumes rotation instead). Then the segment's table becomes the job table: its
+    indexes take their migrated names, the unique key indexes :func:`enable` dropped
+    are built again (concurrently, before the swap), and the coalesced enqueue gets its
+    backstop back. The same lock arguments and errors as :func:`enable`.
     """
     patience = _Patience(lock_timeout, tries, pause)
     _require_autocommit(conn)
@@ -275,13 +307,8 @@ def disable(
         # A prepare never followed by its swap, or a disable stopped after its swap.
         _tidy_plain(conn, patience)
         return SwapReport(0.0, 0)
-    if len(current.segments) != 1:
-        raise SegmentLayoutError(
-            f"{JOB_TABLE} has {len(current.segments)} segments "
-            f"({', '.join(map(str, current.segments))}); only a table left with one can be "
-            "made plain again"
-        )
-    (number,) = current.segments
+    _save(conn, "state", "disabling", "on")
+    number = _down_to_one(conn, patience, wait)
     table = segment_table(number)
     _build_concurrently(
         conn, PLAIN_KEY, f"CREATE UNIQUE INDEX CONCURRENTLY {PLAIN_KEY} ON {table} (id)"
@@ -296,6 +323,42 @@ def disable(
         report.tries,
     )
     return report
+
+
+def _down_to_one(conn: psycopg.Connection[Any], patience: _Patience, wait: float) -> int:
+    """Rotation steps (under housekeeping's lock, as a worker's) until the current
+    segment is the only one holding jobs and the others are gone; return its number."""
+    from django_pgqueue.store.statements.base import HOUSEKEEPING_LOCK_KEY
+
+    deadline = time.monotonic() + wait
+    while True:
+        with conn.transaction():
+            locked = _one(conn, "SELECT pg_try_advisory_xact_lock(%s)", [HOUSEKEEPING_LOCK_KEY])
+            if locked == (True,):
+                rotate(
+                    conn,
+                    jobs_per_segment=1,
+                    max_holding=1,
+                    lock_wait=patience.lock_timeout,
+                    move_limit=10_000,
+                )
+        current = layout(conn)
+        assert current.current is not None
+        parked_empty = not current.parked or _one(
+            conn, f"SELECT NOT EXISTS (SELECT FROM {PARKED_TABLE})"
+        ) == (True,)
+        if current.segments == (current.current,) and parked_empty:
+            return current.current
+        if time.monotonic() > deadline:
+            left = {number: jobs for number, jobs in jobs_per_segment(conn).items() if jobs}
+            left.pop(current.current, None)
+            raise SegmentLayoutError(
+                f"after {wait:.0f} s, segments other than the current one ({current.current}) "
+                f"remain: {', '.join(f'{n} ({jobs} jobs)' for n, jobs in left.items())}"
+                " (running jobs, or pending ones holding a coalesce key, leave on their own); "
+                "run disable again to go on, or enable to resume rotation"
+            )
+        patience.pause(0.2)
 
 
 def _build_saved_indexes(conn: psycopg.Connection[Any], table: str) -> None:
@@ -324,6 +387,7 @@ def _tidy_plain(conn: psycopg.Connection[Any], patience: _Patience) -> None:
             conn.execute(f"DROP FUNCTION IF EXISTS {signature}")
             _recreate_function(conn, signature, definition, grants)
     conn.execute(f"DROP TABLE IF EXISTS {PARENT}")
+    conn.execute(f"DROP TABLE IF EXISTS {PARKED_TABLE}")
     conn.execute(f"DROP TYPE IF EXISTS {COALESCED_TYPE}")
     conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {IDEMPOTENCY}")
     conn.execute(f"DROP FUNCTION IF EXISTS {CURRENT}()")
@@ -348,6 +412,8 @@ class Rotation:
     dropped: tuple[int, ...] = ()
     #: Segments still holding jobs, older than the current one.
     holding: tuple[int, ...] = ()
+    #: Jobs moved from older segments to the current one.
+    moved: int = 0
     #: The switch waits for this many transactions older than the attach.
     waiting: int = 0
     #: No segment was attached because this many already hold jobs (the bound).
@@ -360,20 +426,27 @@ MAX_ATTACHED = 256
 
 
 def rotate(
-    conn: psycopg.Connection[Any], *, jobs_per_segment: int, max_holding: int, lock_wait: float
+    conn: psycopg.Connection[Any],
+    *,
+    jobs_per_segment: int,
+    max_holding: int,
+    lock_wait: float,
+    move_limit: int = 1000,
 ) -> Rotation | None:
     """One step of rotation, in the caller's transaction (housekeeping's); None when
     the job table is not in segments.
 
-    1. Empty each segment older than the current one that no longer holds a job:
+    1. Move up to ``move_limit`` jobs that would keep an older segment from emptying
+       for long to the current one (see :data:`_MOVE`).
+    2. Empty each segment older than the current one that no longer holds a job:
        ``TRUNCATE`` under its exclusive lock (the rows were checked gone under it), then
        ``DETACH`` and ``DROP`` if the job table's lock is granted within ``lock_wait``.
        A segment a long transaction has read keeps its lock until that ends: it stays,
        empty, and is tried again next step.
-    2. Switch new jobs to the segment attached ahead, once no transaction that began
+    3. Switch new jobs to the segment attached ahead, once no transaction that began
        before its ``ATTACH`` still writes to the job table: such a transaction routes
        rows with the partitions it saw, and would fail to insert into the new one.
-    3. Attach the next segment ahead once the current one has been given
+    4. Attach the next segment ahead once the current one has been given
        ``jobs_per_segment`` job ids, unless ``max_holding`` older segments still hold
        jobs (each open segment is one more index probe for a statement that finds a job
        by id).
@@ -385,13 +458,26 @@ def rotate(
     )
     current = layout(conn)
     assert current.current is not None
+    disabling = bool(_saved(conn, "state"))
+    others = [number for number in current.segments if number != current.current]
+    older = [number for number in others if number < current.current]
+    if disabling:
+        # disable() waits for one segment: everything that can move goes to the current
+        # one, nothing is attached, and the parked segment is emptied like the others.
+        sources = [*others, PARKED] if current.parked else others
+        moved = _move(conn, _CATCH_UP, sources, current.current, move_limit, everything=True)
+        emptied = sources
+    else:
+        moved = _move(conn, _PARK, older, PARKED, move_limit) if older else 0
+        lingering = [number for number in older if number < current.current - 1]
+        if lingering:
+            moved += _move(conn, _CATCH_UP, lingering, current.current, move_limit)
+        emptied = older
     truncated: list[int] = []
     dropped: list[int] = []
     holding: list[int] = []
-    for number in current.segments:
-        if number >= current.current:
-            continue
-        now, state = _empty(conn, number)
+    for number in emptied:
+        now, state = _empty(conn, number, detach=number != PARKED)
         if now:
             truncated.append(number)
         if state == "holding":
@@ -402,7 +488,9 @@ def rotate(
     attached = switched = None
     waiting = 0
     at_bound = False
-    if ahead:
+    if disabling:
+        pass
+    elif ahead:
         waiting = _older_writers(conn, ahead[0])
         if not waiting:
             _switch(conn, ahead[0])
@@ -420,9 +508,82 @@ def rotate(
         truncated=tuple(truncated),
         dropped=tuple(dropped),
         holding=tuple(holding),
+        moved=moved,
         waiting=waiting,
         at_bound=at_bound,
     )
+
+
+#: Seconds ahead of now a pending job's start must be for the mover to take it from a
+#: recent segment: one that starts sooner is claimed from where it is.
+MOVE_HORIZON_SECONDS = 60.0
+
+# What moves, by a cross-partition UPDATE of its segment (PostgreSQL deletes the row
+# from one segment and inserts it into the other), in id order, up to a limit per step:
+#
+# - _PARK: from segments older than the current one, the jobs that would keep them for
+#   long: blocked ones, and pending ones that start later than the horizon. They go to
+#   the parked segment, which is never emptied, once (moved on at every turn, a week's
+#   scheduled jobs would be written again and again).
+# - _CATCH_UP: from segments older than the previous one (their jobs outlived a whole
+#   segment: a backlog of partitions or keys) the pending jobs, to the current segment;
+#   when disable() empties every other segment, the blocked ones as well, from any.
+#
+# Never a running job (its lease, heartbeat and outcome address its row), nor a pending
+# one holding a coalesce key (a producer's transaction updates it, and would fail on a
+# row that moved). Rows locked by anyone are skipped. A statement of another session
+# that then locks or updates a moved row fails with a serialization failure (40001): a
+# worker's runs again, and so do the store's statements that touch such jobs
+# (_run_retrying_moves). The setting lets the row past the trigger that takes a new
+# job's idempotency key (migration 0028): the moving job holds it already.
+_MOVE = """
+WITH moving AS (
+    SELECT job.id, job.segment
+    FROM {table} AS job
+    WHERE job.segment = ANY (%(sources)s::integer[])
+      AND ({condition})
+    ORDER BY job.segment, job.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS job
+SET segment = %(target)s
+FROM moving
+WHERE job.id = moving.id AND job.segment = moving.segment
+"""
+_PARK = _MOVE.format(
+    table=JOB_TABLE,
+    condition="job.status = 'blocked' OR (job.status = 'pending' AND job.coalesce_key IS NULL "
+    "AND job.available_at > now() + make_interval(secs => %(horizon)s))",
+)
+_CATCH_UP = _MOVE.format(
+    table=JOB_TABLE,
+    condition="(job.status = 'pending' AND job.coalesce_key IS NULL) "
+    "OR (job.status = 'blocked' AND %(everything)s)",
+)
+
+
+def _move(
+    conn: psycopg.Connection[Any],
+    statement: str,
+    sources: list[int],
+    target: int,
+    limit: int,
+    *,
+    everything: bool = False,
+) -> int:
+    params = {
+        "sources": sources,
+        "target": target,
+        "limit": limit,
+        "horizon": MOVE_HORIZON_SECONDS,
+        "everything": everything,
+    }
+    with conn.transaction():
+        conn.execute("SELECT set_config('django_pgqueue.moving_segments', 'on', true)")
+        moved = conn.execute(statement, params).rowcount
+        conn.execute("SELECT set_config('django_pgqueue.moving_segments', 'off', true)")
+    return moved
 
 
 def _ids_given(conn: _Conn, number: int) -> int:
@@ -437,14 +598,23 @@ def _ids_given(conn: _Conn, number: int) -> int:
 
 
 def _older_writers(conn: _Conn, number: int) -> int:
-    """Transactions that began before segment ``number`` was attached and hold a
-    writer's lock on the job table."""
+    """Transactions that began before segment ``number`` was attached, hold a lock on
+    the job table, and may not see that segment: their partitions were read when they
+    first locked it, and stay as they were until they end. So a row they insert with
+    the new segment would find no partition, and one they look for there would not be
+    found. One is left out: a transaction idle with a snapshot (REPEATABLE READ) that
+    has not written to the job table, since everything in the new segment was written
+    after its snapshot, which cannot see it anyway."""
     (count,) = _one(
         conn,
         "SELECT count(DISTINCT lock.pid) FROM pg_locks AS lock "
         "JOIN pg_stat_activity AS activity ON activity.pid = lock.pid "
-        f"WHERE lock.relation = %s::regclass AND lock.mode = 'RowExclusiveLock' "
-        f"AND activity.xact_start < (SELECT attached_at FROM {SEGMENTS} WHERE segment = %s)",
+        "WHERE lock.relation = %s::regclass AND activity.pid <> pg_backend_pid() "
+        f"AND activity.xact_start < (SELECT attached_at FROM {SEGMENTS} WHERE segment = %s) "
+        "AND activity.state <> 'idle in transaction (aborted)' "
+        "AND NOT (activity.state = 'idle in transaction' AND activity.backend_xmin IS NOT NULL "
+        "    AND NOT EXISTS (SELECT FROM pg_locks AS own WHERE own.pid = lock.pid "
+        "        AND own.relation = lock.relation AND own.mode = 'RowExclusiveLock'))",
         [JOB_TABLE, number],
     )
     return int(count)
@@ -463,25 +633,50 @@ def _switch(conn: psycopg.Connection[Any], number: int) -> None:
 
 def _attach(conn: psycopg.Connection[Any], number: int) -> None:
     """A new segment, made empty and attached ahead; new jobs go to it after a switch."""
-    table = segment_table(number)
-    newest = segment_table(max(layout(conn).segments))
-    (options,) = _one(conn, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [newest])
-    storage = f" WITH ({', '.join(options)})" if options else ""
+    _make_segment(conn, number, storage_of=segment_table(max(layout(conn).segments)))
     conn.execute(
-        f"CREATE TABLE {table} (LIKE {JOB_TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
-        f"INCLUDING STORAGE INCLUDING STATISTICS){storage}"
+        f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {segment_table(number)} FOR VALUES IN ({number})"
     )
-    for name, definition in _plain_indexes(conn, JOB_TABLE):
-        conn.execute(_retarget_index(definition, f"{name}_s{number}", table))
-    conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id, segment)")
-    conn.execute(
-        f"ALTER TABLE {table} ADD CONSTRAINT pgq_job_segment_{number} CHECK (segment = {number})"
-    )
-    conn.execute(f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {table} FOR VALUES IN ({number})")
     conn.execute(f"INSERT INTO {SEGMENTS} (segment) VALUES (%s)", [number])
 
 
-def _empty(conn: psycopg.Connection[Any], number: int) -> tuple[bool, str]:
+def _make_segment(conn: _Conn, number: int, *, storage_of: str) -> None:
+    """Segment ``number``'s table, empty, with the job table's columns, constraints and
+    indexes (named after the job table's, with the segment's suffix) and the storage
+    options of ``storage_of``; not attached."""
+    table = segment_table(number)
+    suffix = table.removeprefix(JOB_TABLE)
+    (options,) = _one(
+        conn, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [storage_of]
+    )
+    storage = f" WITH ({', '.join(options)})" if options else ""
+    conn.execute(
+        f"CREATE TABLE {table} (LIKE {JOB_TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+        f"INCLUDING COMMENTS INCLUDING STORAGE INCLUDING STATISTICS){storage}"
+    )
+    for name, definition in _plain_indexes(conn, JOB_TABLE):
+        conn.execute(_retarget_index(definition, f"{name}{suffix}", table))
+    conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id, segment)")
+    for name in _check_constraints(conn, table, "pgq_job_segment_%"):
+        conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+    label = "parked" if number == PARKED else str(number)
+    conn.execute(
+        f"ALTER TABLE {table} ADD CONSTRAINT pgq_job_segment_{label} CHECK (segment = {number})"
+    )
+
+
+def _check_constraints(conn: _Conn, table: str, like: str) -> list[str]:
+    return [
+        str(name)
+        for (name,) in conn.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass "
+            "AND contype = 'c' AND conname LIKE %s",
+            [table, like],
+        ).fetchall()
+    ]
+
+
+def _empty(conn: psycopg.Connection[Any], number: int, *, detach: bool = True) -> tuple[bool, str]:
     """Empty segment ``number`` if it holds no job. Returns whether it was truncated
     now, and what it is: "holding" jobs, "busy" (a lock was not granted), "kept" (empty,
     still attached) or "dropped"."""
@@ -503,6 +698,8 @@ def _empty(conn: psycopg.Connection[Any], number: int) -> tuple[bool, str]:
                 truncated = True
         except psycopg.errors.LockNotAvailable:
             return False, "busy"
+    if not detach:
+        return truncated, "kept"
     try:
         with conn.transaction():
             conn.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
@@ -584,6 +781,7 @@ def _enable_swap(cur: psycopg.Cursor[Any]) -> None:
     cur.execute(f"ALTER INDEX {PARENT}_pkey RENAME TO {JOB_TABLE}_pkey")
     cur.execute(f"ALTER SEQUENCE {PARENT}_id_seq RENAME TO {JOB_TABLE}_id_seq")
     cur.execute(f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {segment_table(0)} FOR VALUES IN (0)")
+    cur.execute(f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {PARKED_TABLE} FOR VALUES IN ({PARKED})")
     for _, definition in triggers:
         cur.execute(definition)
     # The view read the old table by its identity: made again, it reads the new one.
@@ -604,6 +802,11 @@ def _enable_swap(cur: psycopg.Cursor[Any]) -> None:
 def _disable_swap(cur: psycopg.Cursor[Any], number: int) -> None:
     table = segment_table(number)
     cur.execute(f"LOCK TABLE {JOB_TABLE} IN ACCESS EXCLUSIVE MODE")
+    if _relkind(cur, PARKED_TABLE) is not None:
+        if cur.execute(f"SELECT EXISTS (SELECT FROM {PARKED_TABLE})").fetchone() != (False,):
+            raise SegmentLayoutError("the parked segment holds jobs again: run disable again")
+        cur.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {PARKED_TABLE}")
+        cur.execute(f"DROP TABLE {PARKED_TABLE}")
     (last, called) = _one(cur, f"SELECT last_value, is_called FROM {JOB_TABLE}_id_seq")
     (identity,) = _one(
         cur,

@@ -43,6 +43,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--tries", type=int, default=120, help="Tries of such a statement (120)."
         )
+        parser.add_argument(
+            "--wait",
+            type=float,
+            default=600.0,
+            help="disable: seconds to wait for the jobs of other segments to move or finish (600).",
+        )
         parser.add_argument("--database", help="Database alias (default: the job table's).")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -62,7 +68,7 @@ class Command(BaseCommand):
                         f"{report.lock_held_ms:.0f} ms (try {report.tries})."
                     )
                 elif action == "disable":
-                    report = segments.disable(conn, **patience)
+                    report = segments.disable(conn, wait=options["wait"], **patience)
                     self.stdout.write(
                         f"The job table is a plain table again: the swap held its lock "
                         f"{report.lock_held_ms:.0f} ms (try {report.tries})."
@@ -81,4 +87,5 @@ class Command(BaseCommand):
             f"segment {layout.current}."
         )
         for number, jobs in segments.jobs_per_segment(conn).items():
-            self.stdout.write(f"  segment {number}: {jobs} jobs")
+            label = "parked" if number == segments.PARKED else f"segment {number}"
+            self.stdout.write(f"  {label}: {jobs} jobs")

@@ -8,9 +8,11 @@ executes queue SQL.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
+
+import psycopg
 
 from django_pgqueue.exceptions import InvalidOption, LeaseLost
 from django_pgqueue.limits import JOB_ID_MAX, JOB_ID_MIN
@@ -32,6 +34,17 @@ CANCEL_PATIENCE = 1.0
 FOLD_BATCH = 1000
 # Lazy signals one fold_lazy_signals takes (housekeeping, off the claim path).
 LAZY_FOLD_BATCH = 2000
+#: Tries of a statement that met a job moving between segments of the job table.
+MOVE_TRIES = 5
+
+
+def moved_row(error: BaseException) -> bool:
+    """Whether ``error`` is a serialization failure (40001), as a statement of a READ
+    COMMITTED transaction gets when a row it locks or updates moved to another segment
+    of the job table meanwhile. Django wraps psycopg's error; both are recognised."""
+    return isinstance(error, psycopg.errors.SerializationFailure) or isinstance(
+        error.__cause__, psycopg.errors.SerializationFailure
+    )
 
 
 def timeout_setting(seconds: float | None) -> str:
@@ -51,6 +64,23 @@ class StoreBase:
 
     def _run(self, name: str, **params: Any) -> Result:
         return self.runner.run(QUERIES[name], params)
+
+    def _run_retrying_moves(self, name: str, **params: Any) -> Result:
+        """Run a statement that locks or updates jobs which housekeeping may move to
+        another segment of the job table (pending or blocked ones), in a savepoint of
+        the caller's transaction; run it again when it met a moved row. The next try's
+        snapshot finds the row where it went. In the plain layout no row ever moves."""
+        return self._retrying_moves(lambda: self._run(name, **params))
+
+    def _retrying_moves[T](self, work: Callable[[], T]) -> T:
+        for attempt in range(1, MOVE_TRIES + 1):
+            try:
+                with self.runner.atomic():
+                    return work()
+            except Exception as error:
+                if attempt == MOVE_TRIES or not moved_row(error):
+                    raise
+        raise AssertionError("unreachable")
 
     def _run_fenced(self, name: str, lease: Lease, **params: Any) -> tuple[Any, ...]:
         """Run a single-job ``_if_leased`` statement; return its row or raise LeaseLost."""

@@ -37,7 +37,7 @@ class DependencyStatements(StoreBase):
 
         ``awaited`` is False only while another transaction holds the row (try again).
         """
-        rows = self._run("mark_awaited", job_id=job_id).rows
+        rows = self._run_retrying_moves("mark_awaited", job_id=job_id).rows
         if not rows:
             return None
         return JobStatus(rows[0][0]), bool(rows[0][1])

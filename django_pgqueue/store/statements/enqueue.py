@@ -227,13 +227,13 @@ class EnqueueStatements(StoreBase):
         unseen between reading its status and recording the edge; missing ids raise
         :class:`UnknownDependency` before anything is written.
         """
-        rows = self._run("lock_blockers", blocker_ids=blocker_ids).rows
+        rows = self._run_retrying_moves("lock_blockers", blocker_ids=blocker_ids).rows
         statuses = {row[0]: JobStatus(row[1]) for row in rows}
         missing = [job_id for job_id in blocker_ids if job_id not in statuses]
         if missing:
             # One that moved to the history while the statement ran is in neither of its
             # snapshots; the next statement's snapshot sees it there.
-            rows = self._run("lock_blockers", blocker_ids=blocker_ids).rows
+            rows = self._run_retrying_moves("lock_blockers", blocker_ids=blocker_ids).rows
             statuses = {row[0]: JobStatus(row[1]) for row in rows}
             missing = [job_id for job_id in blocker_ids if job_id not in statuses]
         if missing:

@@ -116,9 +116,13 @@ class OperatorStatements(DependencyStatements, MaintenanceStatements):
             busy: list[int] = []
             for start in range(0, len(waiting), OPERATOR_CHUNK):
                 chunk = waiting[start : start + OPERATOR_CHUNK]
-                if prepare is not None:
-                    prepare(chunk)
-                rows = self._run(name, job_ids=chunk, **params).rows
+
+                def attempt(chunk: list[int] = chunk) -> list[tuple[Any, ...]]:
+                    if prepare is not None:
+                        prepare(chunk)
+                    return self._run(name, job_ids=chunk, **params).rows
+
+                rows = self._retrying_moves(attempt)
                 for row in rows:
                     if row[1]:
                         done.append(row[0])
@@ -152,5 +156,6 @@ class OperatorStatements(DependencyStatements, MaintenanceStatements):
         done: list[int] = []
         for start in range(0, len(ids), OPERATOR_CHUNK):
             chunk = ids[start : start + OPERATOR_CHUNK]
-            done.extend(row[0] for row in self._run(name, job_ids=chunk, **params).rows)
+            rows = self._run_retrying_moves(name, job_ids=chunk, **params).rows
+            done.extend(row[0] for row in rows)
         return operator_result(ids, done)
