@@ -14,7 +14,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -22,7 +21,7 @@ import pytest
 from django.db.utils import OperationalError
 
 from django_pgqueue.states import JobStatus
-from django_pgqueue.store import pgconn, segments
+from django_pgqueue.store import segments
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.store.segments import PARKED, SegmentLayoutError
@@ -33,29 +32,16 @@ from tests.ledger import entries
 from tests.plans import explain, walk
 from tests.releases import assert_logged_no_error
 from tests.scratch import scratch_database
+from tests.segmented import REPO, manage, migrated_database, worker_connection
 from tests.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.timeout(300)
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _manage(url: str, *args: str) -> None:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    subprocess.run(
-        [sys.executable, "-m", "tests.manage", *args, "-v", "0"],
-        cwd=REPO,
-        env=env,
-        check=True,
-        timeout=180,
-    )
 
 
 @pytest.fixture
 def migrated(transactional_db: None) -> Iterator[str]:
     """The URL of a database of the test's own, migrated."""
-    with scratch_database("segments") as url:
-        _manage(url, "migrate", "--noinput")
+    with migrated_database("segments") as url:
         yield url
 
 
@@ -74,10 +60,7 @@ def _close_stores() -> Iterator[None]:
 
 
 def _worker_connection(url: str) -> psycopg.Connection[Any]:
-    """A connection set up as pgconn.connect sets up a worker's (jsonb as text, UTC,
-    prepared statements with generic plans), to a database of the test's own."""
-    conn = psycopg.connect(url, autocommit=True, context=pgconn._ADAPTERS)
-    conn.execute("SET TIME ZONE 'UTC'; " + pgconn.GENERIC_PLAN_SESSION)
+    conn = worker_connection(url)
     _opened.append(conn)
     return conn
 
@@ -159,7 +142,7 @@ def _seed(conn: psycopg.Connection[Any], rows: int) -> None:
 def test_enable_then_disable_gives_back_the_migrated_schema(migrated):
     role = f"pgq_app_{os.getpid()}"
     with _connect(migrated) as conn, scratch_database("segments_fresh") as fresh_url:
-        _manage(fresh_url, "migrate", "--noinput")
+        manage(fresh_url, "migrate", "--noinput")
         # An application role with its own grants, and a locked-down function: both
         # survive the round trip (LIKE and a function made again copy neither).
         conn.execute(f"DROP ROLE IF EXISTS {role}")
@@ -277,7 +260,7 @@ def test_wrong_requests_are_refused_with_what_was_wrong(migrated):
 
 
 def test_enable_refuses_a_database_without_this_releases_migrations(migrated):
-    _manage(migrated, "migrate", "django_pgqueue", "0026", "--noinput")
+    manage(migrated, "migrate", "django_pgqueue", "0026", "--noinput")
     with _connect(migrated) as conn:
         with pytest.raises(SegmentLayoutError, match="lacks this release's migrations"):
             segments.enable(conn)

@@ -34,6 +34,12 @@ After every step it checks the store against the model, and these invariants:
 - no bookkeeping statement raises (a stale lease's write raises LeaseLost and changes
   nothing; anything else that raises fails the test).
 
+A second run drives the same machine on a job table in segments (a database of its own,
+``manage.py pgqueuesegments enable``), with housekeeping's rotation as one more step:
+it attaches and switches segments (waiting for a producer's open transaction), moves
+jobs out of old segments and empties them, among all the other steps, and the model
+must still match.
+
 The clock. The queue compares timestamps with the database clock, which a test cannot
 move. "Advancing the clock by N seconds" moves every stored time (jobs' availability and
 lease expiry; partitions' and keys' next-job times, token buckets and wake-ups) N seconds
@@ -68,10 +74,13 @@ from hypothesis.stateful import (
 
 from django_pgqueue.exceptions import LeaseLost
 from django_pgqueue.states import TRANSITIONS, JobStatus
+from django_pgqueue.store import segments
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.retry import RetryPolicy
+from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.store.values import ClaimFloor, Failure, JobSpec, Lease
 from tests.queue_model import FAILED, FINISHED, KEYS, RATED, ModelJob, QueueModel, claim_order
+from tests.segmented import migrated_database, worker_connection
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -1304,5 +1313,70 @@ def test_every_feature_and_operator_action_together_matches_the_model(
         "floor rounds took the best jobs after their floors",
         "batch mates from a floor were the best after it",
         "partitions and keys from floors sorted after them",
+    ):
+        assert checked[what], f"never exercised: {what}"
+
+
+#: Examples of the run on a job table in segments (its own database; CI's fixed set).
+SEGMENT_EXAMPLES = int(os.environ.get("PGQUEUE_MODEL_EXAMPLES", "30"))
+
+
+class SegmentedMachine(QueueMachine):
+    """The same machine on a job table in segments, with housekeeping's rotation as one
+    more step: each attaches, switches, moves jobs out of old segments and empties them
+    (a segment every job id, so that every step has something to do)."""
+
+    @rule()
+    def rotate_segments(self) -> None:
+        with self.conn.transaction():
+            rotation = segments.rotate(self.conn, jobs_per_segment=1, max_holding=3, lock_wait=0.05)
+        assert rotation is not None
+        self.checked["segments switched"] += rotation.switched_to is not None
+        self.checked["switch waited for an older writer"] += rotation.waiting > 0
+        self.checked["jobs moved between segments"] += rotation.moved
+        self.checked["segments emptied"] += len(rotation.truncated)
+        self.checked["segments dropped"] += len(rotation.dropped)
+
+
+def test_every_feature_and_operator_action_on_a_job_table_in_segments(transactional_db):
+    checked: Counter[str] = Counter()
+    with migrated_database("model_segments") as url:
+        opened = [worker_connection(url) for _ in range(4)]
+        try:
+            segments.enable(opened[3])
+            SegmentedMachine.store = QueueStore(PsycopgRunner(opened[0], "default"))
+            SegmentedMachine.second = QueueStore(PsycopgRunner(opened[1], "default"))
+            SegmentedMachine.producer = QueueStore(PsycopgRunner(opened[2], "default"))
+
+            class Recording(SegmentedMachine):
+                def teardown(self) -> None:
+                    try:
+                        super().teardown()
+                    finally:
+                        checked.update(self.checked)
+
+            run_state_machine_as_test(
+                Recording,
+                settings=hypothesis_settings(
+                    max_examples=SEGMENT_EXAMPLES,
+                    stateful_step_count=STEPS,
+                    deadline=None,
+                    derandomize=not os.environ.get("PGQUEUE_MODEL_EXAMPLES"),
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+                ),
+            )
+        finally:
+            for conn in opened:
+                conn.close()
+    print(dict(checked))
+    if os.environ.get("PGQUEUE_MODEL_EXAMPLES"):
+        return
+    for what in (
+        "claim liveness and order",
+        "segments switched",
+        "switch waited for an older writer",
+        "jobs moved between segments",
+        "segments emptied",
+        "segments dropped",
     ):
         assert checked[what], f"never exercised: {what}"

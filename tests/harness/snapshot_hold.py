@@ -8,7 +8,7 @@ index's size, and the statements running longer than 100 ms.
 
 usage: snapshot_hold.py ADMIN_DSN DBNAME --base S --hold S --after S [--workers 2]
        [--conc 10] [--backlog 20000] [--window 10] [--partitions N | --keys N] [--code PATH]
-       [--segments SECONDS [--no-ahead]]
+       [--segments SECONDS [--no-ahead] | --product-segments]
 (the database DBNAME is dropped and created again)
 """
 
@@ -49,6 +49,9 @@ args.add_argument("--code", default=str(Path(__file__).resolve().parents[2]))
 args.add_argument("--segments", type=float, default=0)
 # Attach each segment only at its switch (no empty segment open ahead of the current one).
 args.add_argument("--no-ahead", action="store_true")
+# The product's segmented job table: manage.py pgqueuesegments enable, then the
+# workers' housekeeping rotates it (PGQUEUE_SEGMENT_JOBS, default 100,000).
+args.add_argument("--product-segments", action="store_true")
 opts = args.parse_args()
 
 dsn = opts.admin_dsn.rsplit("/", 1)[0] + "/" + opts.dbname
@@ -61,6 +64,10 @@ with psycopg.connect(opts.admin_dsn, autocommit=True) as admin:
     admin.execute(f'DROP DATABASE IF EXISTS "{opts.dbname}" WITH (FORCE)')
     admin.execute(f'CREATE DATABASE "{opts.dbname}"')
 subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=PROJ, env=env, check=True)
+if opts.product_segments:
+    subprocess.run(
+        [sys.executable, "manage.py", "pgqueuesegments", "enable"], cwd=PROJ, env=env, check=True
+    )
 
 os.environ.update(env)
 sys.path[:0] = [opts.code, f"{BENCH}/lib", PROJ]
@@ -227,6 +234,12 @@ try:
                     print(f"      {table_name} rows dead={part_dead}", flush=True)
                 if rotator is not None:
                     print(f"      segments {rotator.counts} open={len(rotator.older) + 1}")
+                if opts.product_segments:
+                    (attached, current) = stats.execute(
+                        "SELECT count(*), (SELECT pgq_current_segment()) FROM pg_inherits "
+                        "WHERE inhparent = 'django_pgqueue_job'::regclass"
+                    ).fetchone()
+                    print(f"      segments attached={attached} current={current}", flush=True)
                 print(
                     f"{phase:5s} t={now:9.1f} completed/s={rate:8.0f} dead={dead:9d} "
                     f"live={live:8d} table={table / 2**20:7.1f}MB "
