@@ -1040,3 +1040,28 @@ def test_under_a_held_snapshot_segments_are_emptied_whole_while_jobs_flow(migrat
         finally:
             for worker in running:
                 worker.stop()
+
+
+def test_a_segment_is_not_emptied_under_a_snapshot_that_may_still_read_it(migrated):
+    with _connect(migrated) as conn, _connect(migrated) as reader:
+        segments.enable(conn)
+        _seed(conn, 10)
+        _rotate(conn)
+        _rotate(conn)  # new jobs go to segment 1
+        _seed(conn, 10)
+        # A REPEATABLE READ transaction whose snapshot sees segment 1's jobs, but which
+        # has not read the job table yet (so it holds no lock on the segment).
+        reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        reader.execute("SELECT count(*) FROM django_pgqueue_queue_pause")
+        _rotate(conn)
+        _rotate(conn)  # and to segment 2
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment IN (0, 1)")
+        rotation = _rotate(conn)
+        # Both segments' jobs were written before the snapshot was taken: TRUNCATE
+        # would hide them from it. Both are left.
+        assert (rotation.truncated, rotation.dropped) == ((), ())
+        assert segments.layout(conn).segments == (0, 1, 2)
+        assert reader.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (20,)
+        reader.execute("COMMIT")
+        rotation = _rotate(conn)
+        assert (rotation.truncated, rotation.dropped) == ((0, 1), (0, 1))

@@ -676,6 +676,26 @@ def _check_constraints(conn: _Conn, table: str, like: str) -> list[str]:
     ]
 
 
+def _snapshots_that_may_see(conn: _Conn, number: int) -> int:
+    """Sessions idle in a transaction with a snapshot taken after new jobs first went to
+    segment ``number`` (so it may see some of its rows, since deleted), that have not
+    read the job table yet (reading it would have locked the segment). TRUNCATE is not
+    MVCC-safe: such a REPEATABLE READ transaction reading the job table afterwards would
+    find the segment empty, and miss jobs its snapshot saw there (now in the history,
+    where its snapshot does not see them). A snapshot older than that moment cannot see
+    any row of the segment: every version in it was written later, a moved job's too."""
+    (count,) = _one(
+        conn,
+        "SELECT count(*) FROM pg_stat_activity AS activity "
+        "WHERE activity.pid <> pg_backend_pid() AND activity.backend_xmin IS NOT NULL "
+        "AND activity.state = 'idle in transaction' "
+        "AND activity.xact_start >= coalesce("
+        f"    (SELECT switched_at FROM {SEGMENTS} WHERE segment = %s), '-infinity')",
+        [number],
+    )
+    return int(count)
+
+
 def _empty(conn: psycopg.Connection[Any], number: int, *, detach: bool = True) -> tuple[bool, str]:
     """Empty segment ``number`` if it holds no job. Returns whether it was truncated
     now, and what it is: "holding" jobs, "busy" (a lock was not granted), "kept" (empty,
@@ -694,6 +714,8 @@ def _empty(conn: psycopg.Connection[Any], number: int, *, detach: bool = True) -
                 # Under the lock no writer is left: what this sees is all there is.
                 if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
                     return False, "holding"
+                if _snapshots_that_may_see(conn, number):
+                    return False, "busy"
                 conn.execute(f"TRUNCATE {table}")
                 truncated = True
         except psycopg.errors.LockNotAvailable:
