@@ -155,6 +155,7 @@ SERVER_SIDE = frozenset(
         "test_key_tables.py",
         "test_refresh_bounds_upgrade.py",
         "test_fold_keys_upgrade.py",
+        "test_claim_key_upgrade.py",
         "test_statement_scaling.py",
         "test_segments.py",
         "test_schedule_cadence.py",

@@ -68,6 +68,37 @@ def python(db_url: str, tree: Path, script: str, *args: str) -> subprocess.Popen
     )
 
 
+class LineProducer:
+    """A producer of an earlier release: a subprocess running ``script``, which prints
+    "ready", then for each line it reads (a label) enqueues a batch and prints "done"."""
+
+    def __init__(self, db_url: str, tree: Path, script: str) -> None:
+        self.process = python(db_url, tree, script)
+        self._expect("ready")
+
+    def _expect(self, word: str) -> None:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        if line != word:
+            self.process.kill()
+            _, stderr = self.process.communicate(timeout=30)
+            raise AssertionError(f"the previous release's producer said {line!r}:\n{stderr}")
+
+    def enqueue(self, label: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(f"{label}\n")
+        self.process.stdin.flush()
+        self._expect("done")
+
+    def close(self) -> None:
+        """End the producer (its input closes) and close its pipes."""
+        try:
+            self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate(timeout=30)
+
+
 def assert_logged_no_error(*workers: WorkerProcess | None) -> None:
     """A failed statement (a function or column a migration changed, say) is logged and
     retried, not fatal: the logs of the workers of both releases must show none."""

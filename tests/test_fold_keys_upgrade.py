@@ -12,7 +12,6 @@ once, and both workers ran jobs after the migration without an error logged.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -25,11 +24,11 @@ from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
 from django_pgqueue.store.values import JobSpec
 from tests.releases import (
+    LineProducer,
     assert_each_ran_once,
     assert_logged_no_error,
     checkout,
     previous_release,
-    python,
 )
 from tests.workers import WorkerProcess, wait_for
 
@@ -63,36 +62,6 @@ for line in sys.stdin:
 """
 
 
-class OldProducer:
-    """The previous release's producer, one subprocess enqueueing a batch on request."""
-
-    def __init__(self, db_url: str, tree: Path) -> None:
-        self.process = python(db_url, tree, OLD_PRODUCER)
-        self._expect("ready")
-
-    def _expect(self, word: str) -> None:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline().strip()
-        if line != word:
-            self.process.kill()
-            _, stderr = self.process.communicate(timeout=30)
-            raise AssertionError(f"the previous release's producer said {line!r}:\n{stderr}")
-
-    def enqueue(self, label: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(f"{label}\n")
-        self.process.stdin.flush()
-        self._expect("done")
-
-    def close(self) -> None:
-        """End the producer (its input closes) and close its pipes."""
-        try:
-            self.process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.communicate(timeout=30)
-
-
 def _succeeded(conn) -> int:
     return conn.execute(
         "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
@@ -116,7 +85,7 @@ def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_
     try:
         with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
             checkout(previous_release("0025_fold_keys_by_claim_order"), Path(old_tree))
-            producer = OldProducer(db_url, Path(old_tree))
+            producer = LineProducer(db_url, Path(old_tree), OLD_PRODUCER)
             old = new = None
             try:
                 producer.enqueue("before-")

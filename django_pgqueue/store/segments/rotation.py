@@ -1,0 +1,346 @@
+"""Housekeeping's rotation of the job table's segments: attach, switch, move, empty."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from django_pgqueue.store.segments.catalog import (
+    JOB_TABLE,
+    PARKED,
+    SEGMENTS,
+    SEQUENCE,
+    Conn,
+    check_constraints,
+    layout,
+    one_row,
+    plain_indexes,
+    relkind,
+    retarget_index,
+    saved_definitions,
+    segment_table,
+)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """What one rotation step did."""
+
+    #: The segment attached ahead (new jobs go to it from a later step), if any.
+    attached: int | None = None
+    #: The segment new jobs now go to, if this step switched.
+    switched_to: int | None = None
+    #: Segments emptied whole (truncated), and those of them detached and dropped.
+    truncated: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    #: Segments still holding jobs, older than the current one.
+    holding: tuple[int, ...] = ()
+    #: Jobs moved from older segments to the current one.
+    moved: int = 0
+    #: The switch waits for this many transactions older than the attach.
+    waiting: int = 0
+    #: No segment was attached because this many already hold jobs (the bound).
+    at_bound: bool = False
+
+
+#: Attached segments at most, empty ones included: a long transaction that read the
+#: job table keeps emptied segments from being detached until it ends.
+MAX_ATTACHED = 256
+
+
+def rotate(
+    conn: psycopg.Connection[Any],
+    *,
+    jobs_per_segment: int,
+    max_holding: int,
+    lock_wait: float,
+    move_limit: int = 1000,
+) -> Rotation | None:
+    """One step of rotation, in the caller's transaction (housekeeping's); None when
+    the job table is not in segments.
+
+    1. Move up to ``move_limit`` jobs that would keep an older segment from emptying
+       for long to the current one (see :data:`_MOVE`).
+    2. Empty each segment older than the current one that no longer holds a job:
+       ``TRUNCATE`` under its exclusive lock (the rows were checked gone under it), then
+       ``DETACH`` and ``DROP`` if the job table's lock is granted within ``lock_wait``.
+       A segment a long transaction has read keeps its lock until that ends: it stays,
+       empty, and is tried again next step.
+    3. Switch new jobs to the segment attached ahead, once no transaction that began
+       before its ``ATTACH`` still writes to the job table: such a transaction routes
+       rows with the partitions it saw, and would fail to insert into the new one.
+    4. Attach the next segment ahead once the current one has been given
+       ``jobs_per_segment`` job ids, unless ``max_holding`` older segments still hold
+       jobs (each open segment is one more index probe for a statement that finds a job
+       by id).
+    """
+    if relkind(conn, JOB_TABLE) != "p" or relkind(conn, SEGMENTS) is None:
+        return None
+    conn.execute(
+        "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(lock_wait * 1000))}ms"]
+    )
+    current = layout(conn)
+    assert current.current is not None
+    disabling = bool(saved_definitions(conn, "state"))
+    others = [number for number in current.segments if number != current.current]
+    older = [number for number in others if number < current.current]
+    if disabling:
+        # disable() waits for one segment: everything that can move goes to the current
+        # one, nothing is attached, and the parked segment is emptied like the others.
+        sources = [*others, PARKED] if current.parked else others
+        moved = _move(conn, _CATCH_UP, sources, current.current, move_limit, everything=True)
+        emptied = sources
+    else:
+        moved = _move(conn, _PARK, older, PARKED, move_limit) if older else 0
+        lingering = [number for number in older if number < current.current - 1]
+        if lingering:
+            moved += _move(conn, _CATCH_UP, lingering, current.current, move_limit)
+        emptied = older
+    truncated: list[int] = []
+    dropped: list[int] = []
+    holding: list[int] = []
+    for number in emptied:
+        now, state = _empty(conn, number, detach=number != PARKED)
+        if now:
+            truncated.append(number)
+        if state == "holding":
+            holding.append(number)
+        if state == "dropped":
+            dropped.append(number)
+    ahead = [number for number in current.segments if number > current.current]
+    attached = switched = None
+    waiting = 0
+    at_bound = False
+    if disabling:
+        pass
+    elif ahead:
+        waiting = _older_writers(conn, ahead[0])
+        if not waiting:
+            _switch(conn, ahead[0])
+            switched = ahead[0]
+    elif _ids_given(conn, current.current) >= jobs_per_segment:
+        attached_count = len(current.segments) - len(dropped)
+        if len(holding) >= max_holding or attached_count >= MAX_ATTACHED:
+            at_bound = True
+        else:
+            attached = current.current + 1
+            _attach(conn, attached)
+    return Rotation(
+        attached=attached,
+        switched_to=switched,
+        truncated=tuple(truncated),
+        dropped=tuple(dropped),
+        holding=tuple(holding),
+        moved=moved,
+        waiting=waiting,
+        at_bound=at_bound,
+    )
+
+
+#: Seconds ahead of now a pending job's start must be for the mover to take it from a
+#: recent segment: one that starts sooner is claimed from where it is.
+MOVE_HORIZON_SECONDS = 60.0
+
+# What moves, by a cross-partition UPDATE of its segment (PostgreSQL deletes the row
+# from one segment and inserts it into the other), in id order, up to a limit per step:
+#
+# - _PARK: from segments older than the current one, the jobs that would keep them for
+#   long: blocked ones, and pending ones that start later than the horizon. They go to
+#   the parked segment, which is never emptied, once (moved on at every turn, a week's
+#   scheduled jobs would be written again and again).
+# - _CATCH_UP: from segments older than the previous one (their jobs outlived a whole
+#   segment: a backlog of partitions or keys) the pending jobs, to the current segment;
+#   when disable() empties every other segment, the blocked ones as well, from any.
+#
+# Never a running job (its lease, heartbeat and outcome address its row), nor a pending
+# one holding a coalesce key (a producer's transaction updates it, and would fail on a
+# row that moved). Rows locked by anyone are skipped. A statement of another session
+# that then locks or updates a moved row fails with a serialization failure (40001): a
+# worker's runs again, and so do the store's statements that touch such jobs
+# (_run_retrying_moves). The setting lets the row past the trigger that takes a new
+# job's idempotency key (migration 0028): the moving job holds it already.
+_MOVE = """
+WITH moving AS (
+    SELECT job.id, job.segment
+    FROM {table} AS job
+    WHERE job.segment = ANY (%(sources)s::integer[])
+      AND ({condition})
+    ORDER BY job.segment, job.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {table} AS job
+SET segment = %(target)s
+FROM moving
+WHERE job.id = moving.id AND job.segment = moving.segment
+"""
+_PARK = _MOVE.format(
+    table=JOB_TABLE,
+    condition="job.status = 'blocked' OR (job.status = 'pending' AND job.coalesce_key IS NULL "
+    "AND job.available_at > now() + make_interval(secs => %(horizon)s))",
+)
+_CATCH_UP = _MOVE.format(
+    table=JOB_TABLE,
+    condition="(job.status = 'pending' AND job.coalesce_key IS NULL) "
+    "OR (job.status = 'blocked' AND %(everything)s)",
+)
+
+
+def _move(
+    conn: psycopg.Connection[Any],
+    statement: str,
+    sources: list[int],
+    target: int,
+    limit: int,
+    *,
+    everything: bool = False,
+) -> int:
+    params = {
+        "sources": sources,
+        "target": target,
+        "limit": limit,
+        "horizon": MOVE_HORIZON_SECONDS,
+        "everything": everything,
+    }
+    with conn.transaction():
+        conn.execute("SELECT set_config('django_pgqueue.moving_segments', 'on', true)")
+        moved = conn.execute(statement, params).rowcount
+        conn.execute("SELECT set_config('django_pgqueue.moving_segments', 'off', true)")
+    return moved
+
+
+def _ids_given(conn: Conn, number: int) -> int:
+    """Job ids handed out since new jobs were pointed at segment ``number``."""
+    (given,) = one_row(
+        conn,
+        f"SELECT sequence.last_value - segment.first_id FROM {JOB_TABLE}_id_seq AS sequence, "
+        f"{SEGMENTS} AS segment WHERE segment.segment = %s",
+        [number],
+    )
+    return int(given)
+
+
+def _older_writers(conn: Conn, number: int) -> int:
+    """Transactions that began before segment ``number`` was attached, hold a lock on
+    the job table, and may not see that segment: their partitions were read when they
+    first locked it, and stay as they were until they end. So a row they insert with
+    the new segment would find no partition, and one they look for there would not be
+    found. One is left out: a transaction idle with a snapshot (REPEATABLE READ) that
+    has not written to the job table, since everything in the new segment was written
+    after its snapshot, which cannot see it anyway."""
+    (count,) = one_row(
+        conn,
+        "SELECT count(DISTINCT lock.pid) FROM pg_locks AS lock "
+        "JOIN pg_stat_activity AS activity ON activity.pid = lock.pid "
+        "WHERE lock.relation = %s::regclass AND activity.pid <> pg_backend_pid() "
+        f"AND activity.xact_start < (SELECT attached_at FROM {SEGMENTS} WHERE segment = %s) "
+        "AND activity.state <> 'idle in transaction (aborted)' "
+        "AND NOT (activity.state = 'idle in transaction' AND activity.backend_xmin IS NOT NULL "
+        "    AND NOT EXISTS (SELECT FROM pg_locks AS own WHERE own.pid = lock.pid "
+        "        AND own.relation = lock.relation AND own.mode = 'RowExclusiveLock'))",
+        [JOB_TABLE, number],
+    )
+    return int(count)
+
+
+def _switch(conn: psycopg.Connection[Any], number: int) -> None:
+    # A sequence's value is not transactional: the switch stands even if the step rolls
+    # back. It only points at a segment attached by a committed earlier step.
+    conn.execute(f"SELECT setval('{SEQUENCE}', %s, true)", [number])
+    conn.execute(
+        f"UPDATE {SEGMENTS} SET switched_at = now(), "
+        f"first_id = (SELECT last_value FROM {JOB_TABLE}_id_seq) WHERE segment = %s",
+        [number],
+    )
+
+
+def _attach(conn: psycopg.Connection[Any], number: int) -> None:
+    """A new segment, made empty and attached ahead; new jobs go to it after a switch."""
+    make_segment(conn, number, storage_of=segment_table(max(layout(conn).segments)))
+    conn.execute(
+        f"ALTER TABLE {JOB_TABLE} ATTACH PARTITION {segment_table(number)} FOR VALUES IN ({number})"
+    )
+    conn.execute(f"INSERT INTO {SEGMENTS} (segment) VALUES (%s)", [number])
+
+
+def make_segment(conn: Conn, number: int, *, storage_of: str) -> None:
+    """Segment ``number``'s table, empty, with the job table's columns, constraints and
+    indexes (named after the job table's, with the segment's suffix) and the storage
+    options of ``storage_of``; not attached."""
+    table = segment_table(number)
+    suffix = table.removeprefix(JOB_TABLE)
+    (options,) = one_row(
+        conn, "SELECT reloptions FROM pg_class WHERE oid = %s::regclass", [storage_of]
+    )
+    storage = f" WITH ({', '.join(options)})" if options else ""
+    conn.execute(
+        f"CREATE TABLE {table} (LIKE {JOB_TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+        f"INCLUDING COMMENTS INCLUDING STORAGE INCLUDING STATISTICS){storage}"
+    )
+    for name, definition in plain_indexes(conn, JOB_TABLE):
+        conn.execute(retarget_index(definition, f"{name}{suffix}", table))
+    conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_pkey PRIMARY KEY (id, segment)")
+    for name in check_constraints(conn, table, "pgq_job_segment_%"):
+        conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+    label = "parked" if number == PARKED else str(number)
+    conn.execute(
+        f"ALTER TABLE {table} ADD CONSTRAINT pgq_job_segment_{label} CHECK (segment = {number})"
+    )
+
+
+def _snapshots_that_may_see(conn: Conn, number: int) -> int:
+    """Sessions idle in a transaction with a snapshot taken after new jobs first went to
+    segment ``number`` (so it may see some of its rows, since deleted), that have not
+    read the job table yet (reading it would have locked the segment). TRUNCATE is not
+    MVCC-safe: such a REPEATABLE READ transaction reading the job table afterwards would
+    find the segment empty, and miss jobs its snapshot saw there (now in the history,
+    where its snapshot does not see them). A snapshot older than that moment cannot see
+    any row of the segment: every version in it was written later, a moved job's too."""
+    (count,) = one_row(
+        conn,
+        "SELECT count(*) FROM pg_stat_activity AS activity "
+        "WHERE activity.pid <> pg_backend_pid() AND activity.backend_xmin IS NOT NULL "
+        "AND activity.state = 'idle in transaction' "
+        "AND activity.xact_start >= coalesce("
+        f"    (SELECT switched_at FROM {SEGMENTS} WHERE segment = %s), '-infinity')",
+        [number],
+    )
+    return int(count)
+
+
+def _empty(conn: psycopg.Connection[Any], number: int, *, detach: bool = True) -> tuple[bool, str]:
+    """Empty segment ``number`` if it holds no job. Returns whether it was truncated
+    now, and what it is: "holding" jobs, "busy" (a lock was not granted), "kept" (empty,
+    still attached) or "dropped"."""
+    table = segment_table(number)
+    (size,) = one_row(conn, "SELECT pg_relation_size(%s::regclass)", [table])
+    truncated = False
+    if size:
+        # Checked first without the lock, which would stop every statement on the job
+        # table's segments while it waits.
+        if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
+            return False, "holding"
+        try:
+            with conn.transaction():
+                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                # Under the lock no writer is left: what this sees is all there is.
+                if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
+                    return False, "holding"
+                if _snapshots_that_may_see(conn, number):
+                    return False, "busy"
+                conn.execute(f"TRUNCATE {table}")
+                truncated = True
+        except psycopg.errors.LockNotAvailable:
+            return False, "busy"
+    if not detach:
+        return truncated, "kept"
+    try:
+        with conn.transaction():
+            conn.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
+            conn.execute(f"DROP TABLE {table}")
+            conn.execute(f"DELETE FROM {SEGMENTS} WHERE segment = %s", [number])
+    except psycopg.errors.LockNotAvailable:
+        return truncated, "kept"
+    return truncated, "dropped"
