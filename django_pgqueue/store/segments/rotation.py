@@ -62,15 +62,16 @@ def rotate(
     the job table is not in segments.
 
     1. Move up to ``move_limit`` jobs that would keep an older segment from emptying
-       for long to the current one (see :data:`_MOVE`).
+       for long: to the parked segment, or to the current one (see :data:`_MOVE`).
     2. Empty each segment older than the current one that no longer holds a job:
        ``TRUNCATE`` under its exclusive lock (the rows were checked gone under it), then
        ``DETACH`` and ``DROP`` if the job table's lock is granted within ``lock_wait``.
        A segment a long transaction has read keeps its lock until that ends: it stays,
        empty, and is tried again next step.
     3. Switch new jobs to the segment attached ahead, once no transaction that began
-       before its ``ATTACH`` still writes to the job table: such a transaction routes
-       rows with the partitions it saw, and would fail to insert into the new one.
+       before its ``ATTACH`` may miss it (see :func:`_older_writers`): such a
+       transaction keeps the partitions it saw, and would fail to insert into the new
+       segment, or not find a job there.
     4. Attach the next segment ahead once the current one has been given
        ``jobs_per_segment`` job ids, unless ``max_holding`` older segments still hold
        jobs (each open segment is one more index probe for a statement that finds a job
@@ -114,7 +115,7 @@ def rotate(
     waiting = 0
     at_bound = False
     if disabling:
-        pass
+        pass  # nothing attached or switched to: disable() is bringing them down to one
     elif ahead:
         waiting = _older_writers(conn, ahead[0])
         if not waiting:

@@ -924,6 +924,11 @@ gone AS (
     USING done
     JOIN locked ON locked.id = done.id
     WHERE job.id = done.id
+      -- "= ANY (...)" as well: an index condition of every segment's primary key,
+      -- whatever its statistics. A segment analyzed while it held no live row (its
+      -- dead ones kept by a snapshot) otherwise had its whole primary key read once
+      -- per job, the join's condition in a filter (to the planner, as cheap as a probe).
+      AND job.id = ANY (ARRAY(SELECT locked.id FROM locked))
       AND job.lease_generation = done.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
@@ -1150,6 +1155,8 @@ extended AS (
     FROM held
     JOIN locked ON locked.id = held.id
     WHERE job.id = held.id
+      -- An index condition whatever the statistics (see complete_many_if_leased).
+      AND job.id = ANY (ARRAY(SELECT locked.id FROM locked))
       AND job.lease_generation = held.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
@@ -1352,6 +1359,8 @@ released AS (
     FROM held
     JOIN locked ON locked.id = held.id
     WHERE job.id = held.id
+      -- An index condition whatever the statistics (see complete_many_if_leased).
+      AND job.id = ANY (ARRAY(SELECT locked.id FROM locked))
       AND job.lease_generation = held.lease_generation
       AND job.claimed_by = %(worker_id)s
       AND job.status = 'processing'
