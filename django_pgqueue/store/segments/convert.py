@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from django.db.migrations.loader import MigrationLoader
 from psycopg import sql
 
+from django_pgqueue.store.schema import APP_LABEL
 from django_pgqueue.store.segments.catalog import (
-    COALESCED_TYPE,
     CURRENT,
     FIRST_KEY,
     IDEMPOTENCY,
@@ -64,6 +65,7 @@ from django_pgqueue.store.segments.privileges import (
     recreate_function,
 )
 from django_pgqueue.store.segments.rotation import make_segment, rotate
+from django_pgqueue.store.statements.base import HOUSEKEEPING_LOCK_KEY
 
 logger = logging.getLogger("django_pgqueue.segments")
 
@@ -251,8 +253,6 @@ def disable(
 def _down_to_one(conn: psycopg.Connection[Any], patience: Patience, wait: float) -> int:
     """Rotation steps (under housekeeping's lock, as a worker's) until the current
     segment is the only one holding jobs and the others are gone; return its number."""
-    from django_pgqueue.store.statements.base import HOUSEKEEPING_LOCK_KEY
-
     deadline = time.monotonic() + wait
     while True:
         with conn.transaction():
@@ -311,7 +311,10 @@ def _tidy_plain(conn: psycopg.Connection[Any], patience: Patience) -> None:
             recreate_function(conn, signature, definition, grants)
     conn.execute(f"DROP TABLE IF EXISTS {PARENT}")
     conn.execute(f"DROP TABLE IF EXISTS {PARKED_TABLE}")
-    conn.execute(f"DROP TYPE IF EXISTS {COALESCED_TYPE}")
+    # pgq_coalesced_job stays: a coalesced enqueue that began before the function was
+    # made again still runs the layout-free one, whose variable has that type ("type
+    # does not exist" otherwise). Unused from then on; prepare makes it anew if the job
+    # table's columns changed since.
     conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {IDEMPOTENCY}")
     conn.execute(f"DROP FUNCTION IF EXISTS {CURRENT}()")
     conn.execute(f"DROP SEQUENCE IF EXISTS {SEQUENCE}")
@@ -470,10 +473,6 @@ def _disable_swap(cur: psycopg.Cursor[Any], number: int) -> None:
 
 
 def _require_latest_migration(conn: psycopg.Connection[Any]) -> None:
-    from django.db.migrations.loader import MigrationLoader
-
-    from django_pgqueue.store.schema import APP_LABEL
-
     loader = MigrationLoader(None, ignore_no_migrations=True)
     leaves = [name for app, name in loader.graph.leaf_nodes(APP_LABEL) if app == APP_LABEL]
     applied = {
