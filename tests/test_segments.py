@@ -583,6 +583,45 @@ def test_a_segment_a_long_transaction_read_is_emptied_once_it_ends(migrated):
         assert segments.layout(conn).segments == (2,)
 
 
+def test_the_lock_wait_for_emptying_grows_with_the_segments_left_waiting():
+    assert [segments.emptying_wait(0.05, waiting) for waiting in range(7)] == pytest.approx(
+        [0.05, 0.05, 0.1, 0.2, 0.4, 0.4, 0.4]
+    )
+
+
+def test_emptied_segments_left_by_refused_locks_are_dropped_by_a_longer_wait(migrated):
+    with _connect(migrated) as conn, _connect(migrated) as holder:
+        segments.enable(conn)
+        for _ in range(4):  # the mover left out: each segment keeps its ten jobs
+            _seed(conn, 10)
+            _rotate(conn, max_holding=8, move_limit=0)
+            _rotate(conn, max_holding=8, move_limit=0)
+        assert segments.layout(conn).segments == (0, 1, 2, 3, 4)
+        # A transaction of the job table's (any worker's under load) holds its lock and
+        # every segment's across the steps below.
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
+        rotation = _rotate(conn, lock_wait=0.2, move_limit=0)
+        assert (rotation.truncated, rotation.holding) == ((), (1, 2, 3))
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment IN (1, 2, 3)")
+        # Four segments now wait: the step waits eight times as long, so the lock the
+        # holder gives up after twice the first wait is granted within it.
+        found: list[segments.Rotation] = []
+        with _connect(migrated) as other:
+            step = threading.Thread(
+                target=lambda: found.append(_rotate(other, lock_wait=1.0, move_limit=0))
+            )
+            step.start()
+            step.join(timeout=2.0)
+            assert step.is_alive()
+            holder.execute("ROLLBACK")
+            step.join(timeout=60)
+        (rotation,) = found
+        assert (rotation.truncated, rotation.dropped) == ((0, 1, 2, 3), (0, 1, 2, 3))
+        assert segments.layout(conn).segments == (4,)
+
+
 def test_no_segment_is_attached_while_the_limit_of_segments_holding_jobs_is_reached(migrated):
     with _connect(migrated) as conn:
         segments.enable(conn)

@@ -45,7 +45,7 @@ from django_pgqueue.store.segments.catalog import (
     segment_table,
 )
 from django_pgqueue.store.segments.convert import disable, enable, prepare
-from django_pgqueue.store.segments.rotation import Rotation, rotate
+from django_pgqueue.store.segments.rotation import Rotation, emptying_wait, rotate
 
 __all__ = [
     "JOB_TABLE",
@@ -55,6 +55,7 @@ __all__ = [
     "SegmentLayoutError",
     "SwapReport",
     "disable",
+    "emptying_wait",
     "enable",
     "jobs_per_segment",
     "layout",

@@ -79,9 +79,7 @@ def rotate(
     """
     if relkind(conn, JOB_TABLE) != "p" or relkind(conn, SEGMENTS) is None:
         return None
-    conn.execute(
-        "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(lock_wait * 1000))}ms"]
-    )
+    _lock_timeout(conn, lock_wait)
     current = layout(conn)
     assert current.current is not None
     disabling = bool(saved_definitions(conn, "state"))
@@ -99,17 +97,27 @@ def rotate(
         if lingering:
             moved += _move(conn, _CATCH_UP, lingering, current.current, move_limit)
         emptied = older
+    # Checked first without a lock: waiting for one stops every statement on the job
+    # table's segments.
+    holding = [number for number in emptied if _holds_jobs(conn, number)]
     truncated: list[int] = []
     dropped: list[int] = []
-    holding: list[int] = []
+    _lock_timeout(conn, emptying_wait(lock_wait, len(emptied) - len(holding)))
+    refused = False
     for number in emptied:
-        now, state = _empty(conn, number, detach=number != PARKED)
+        if number in holding:
+            continue
+        # After one refusal the queue is not paused again in this step: the other
+        # segments are emptied only if their locks are free at once.
+        now, state = _empty(conn, number, detach=number != PARKED, wait=not refused)
+        refused = refused or state == "refused"
         if now:
             truncated.append(number)
         if state == "holding":
             holding.append(number)
         if state == "dropped":
             dropped.append(number)
+    _lock_timeout(conn, lock_wait)
     ahead = [number for number in current.segments if number > current.current]
     attached = switched = None
     waiting = 0
@@ -137,6 +145,31 @@ def rotate(
         moved=moved,
         waiting=waiting,
         at_bound=at_bound,
+    )
+
+
+#: The most the lock wait of emptying grows to, as a multiple of the step's.
+EMPTYING_WAIT_GROWTH = 8
+
+
+def emptying_wait(lock_wait: float, waiting: int) -> float:
+    """The lock wait for emptying old segments when ``waiting`` of them are attached.
+
+    Each lock emptying takes (a segment's to ``TRUNCATE``, the job table's to
+    ``DETACH``) queues every statement on the job table behind it while it waits, so the
+    first try is short. But workers under load always hold some lock on the table, and a
+    short wait may never find a gap: refused step after step, emptied segments stay
+    attached, and every statement that finds a job by id probes each of them (measured:
+    ten attached cost a fifth of the drain). So the wait doubles with each segment left
+    waiting, up to :data:`EMPTYING_WAIT_GROWTH` times the first: a pause of the queue
+    once, then one segment again."""
+    growth: int = min(2 ** max(waiting - 1, 0), EMPTYING_WAIT_GROWTH)
+    return lock_wait * growth
+
+
+def _lock_timeout(conn: Conn, seconds: float) -> None:
+    conn.execute(
+        "SELECT set_config('lock_timeout', %s, true)", [f"{max(1, round(seconds * 1000))}ms"]
     )
 
 
@@ -311,37 +344,44 @@ def _snapshots_that_may_see(conn: Conn, number: int) -> int:
     return int(count)
 
 
-def _empty(conn: psycopg.Connection[Any], number: int, *, detach: bool = True) -> tuple[bool, str]:
+def _holds_jobs(conn: Conn, number: int) -> bool:
+    return conn.execute(f"SELECT EXISTS (SELECT FROM {segment_table(number)})").fetchone() != (
+        False,
+    )
+
+
+def _empty(
+    conn: psycopg.Connection[Any], number: int, *, detach: bool = True, wait: bool = True
+) -> tuple[bool, str]:
     """Empty segment ``number`` if it holds no job. Returns whether it was truncated
-    now, and what it is: "holding" jobs, "busy" (a lock was not granted), "kept" (empty,
-    still attached) or "dropped"."""
+    now, and what it is: "holding" jobs, "refused" (a lock was not granted: within the
+    step's lock timeout, or at once without ``wait``), "seen" (a snapshot may still read
+    its rows), "kept" (empty, still attached) or "dropped"."""
     table = segment_table(number)
     (size,) = one_row(conn, "SELECT pg_relation_size(%s::regclass)", [table])
+    nowait = "" if wait else " NOWAIT"
     truncated = False
     if size:
-        # Checked first without the lock, which would stop every statement on the job
-        # table's segments while it waits.
-        if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
-            return False, "holding"
         try:
             with conn.transaction():
-                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE{nowait}")
                 # Under the lock no writer is left: what this sees is all there is.
-                if conn.execute(f"SELECT EXISTS (SELECT FROM {table})").fetchone() != (False,):
+                if _holds_jobs(conn, number):
                     return False, "holding"
                 if _snapshots_that_may_see(conn, number):
-                    return False, "busy"
+                    return False, "seen"
                 conn.execute(f"TRUNCATE {table}")
                 truncated = True
         except psycopg.errors.LockNotAvailable:
-            return False, "busy"
+            return False, "refused"
     if not detach:
         return truncated, "kept"
     try:
         with conn.transaction():
+            conn.execute(f"LOCK TABLE ONLY {JOB_TABLE} IN ACCESS EXCLUSIVE MODE{nowait}")
             conn.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
             conn.execute(f"DROP TABLE {table}")
             conn.execute(f"DELETE FROM {SEGMENTS} WHERE segment = %s", [number])
     except psycopg.errors.LockNotAvailable:
-        return truncated, "kept"
+        return truncated, "refused"
     return truncated, "dropped"
