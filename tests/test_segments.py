@@ -11,7 +11,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -32,9 +31,9 @@ from django_pgqueue.store.statements.base import moved_row
 from django_pgqueue.store.values import Failure, JobSpec
 from tests.ledger import entries
 from tests.plans import explain, walk
-from tests.releases import assert_logged_no_error
+from tests.releases import assert_each_started_once, assert_logged_no_error
 from tests.scratch import scratch_database
-from tests.segmented import REPO, manage, migrated_database, worker_connection
+from tests.segmented import manage, migrated_database, run_manage, worker_connection
 from tests.workers import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.timeout(300)
@@ -478,11 +477,9 @@ def test_enable_and_disable_on_a_live_queue_lose_and_repeat_nothing(migrated):
                 ).fetchone()[0]
 
             wait_for(lambda: left() == 0, timeout=120, message="the drain to end")
-            starts = [entry for entry in entries(conn) if entry["event"] == "start"]
             total = conn.execute("SELECT count(*) FROM django_pgqueue_job_all").fetchone()[0]
             # Coalesced jobs may merge; every job that exists ran exactly once.
-            assert len(starts) == total
-            assert len({entry["job_id"] for entry in starts}) == total, "a job ran twice"
+            assert_each_started_once(conn, total)
             assert total >= jobs + sum(produced) - len(produced)
             assert_logged_no_error(*running)
         finally:
@@ -622,6 +619,62 @@ def test_emptied_segments_left_by_refused_locks_are_dropped_by_a_longer_wait(mig
         assert segments.layout(conn).segments == (4,)
 
 
+def test_a_segment_is_emptied_and_detached_in_one_step_while_statements_flow(migrated):
+    with _connect(migrated) as conn, _connect(migrated) as busy:
+        segments.enable(conn)
+        _seed(conn, 10)
+        _rotate(conn)
+        _rotate(conn)  # new jobs go to segment 1
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
+        stop = threading.Event()
+
+        def statements() -> None:
+            # Short transactions on the job table, one after another, as workers run.
+            while not stop.is_set():
+                with busy.transaction():
+                    busy.execute("SELECT count(*) FROM django_pgqueue_job").fetchone()
+
+        flow = threading.Thread(target=statements)
+        flow.start()
+        try:
+            # Were a segment's lock taken (to TRUNCATE) before the job table's (to
+            # DETACH), a statement starting in between would lock the job table and wait
+            # for the segment, and the DETACH for it: refused, or a deadlock.
+            rotation = _rotate(conn, lock_wait=2.0)
+        finally:
+            stop.set()
+            flow.join(timeout=30)
+        assert (rotation.truncated, rotation.dropped) == ((0,), (0,))
+        assert segments.layout(conn).segments == (1,)
+
+
+def test_a_step_that_leaves_segments_as_they_are_holds_no_lock_that_stops_the_queue(migrated):
+    with _connect(migrated) as conn, _connect(migrated) as holder, _connect(migrated) as other:
+        segments.enable(conn)
+        _seed(conn, 10)
+        _rotate(conn)
+        _rotate(conn)  # new jobs go to segment 1
+        _seed(conn, 10)
+        _rotate(conn)
+        # A snapshot that may see segment 1's rows, and segment 0 still holding jobs.
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM django_pgqueue_queue_pause").fetchone()
+        _rotate(conn)  # new jobs go to segment 2
+        conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 1")
+        with conn.transaction():
+            rotation = segments.rotate(
+                conn, jobs_per_segment=10, max_holding=4, lock_wait=0.05, move_limit=0
+            )
+            assert rotation is not None
+            assert (rotation.truncated, rotation.dropped, rotation.holding) == ((), (), (0,))
+            # Before the step commits, the queue's statements go on.
+            other.execute("SET lock_timeout = '2s'")
+            _seed(other, 1)
+            assert other.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (11,)
+        holder.execute("ROLLBACK")
+        assert _rotate(conn, move_limit=0).dropped == (1,)
+
+
 def test_no_segment_is_attached_while_the_limit_of_segments_holding_jobs_is_reached(migrated):
     with _connect(migrated) as conn:
         segments.enable(conn)
@@ -679,9 +732,7 @@ def test_workers_rotate_segments_while_jobs_flow_and_each_runs_once(migrated):
                 ).fetchone()[0]
 
             wait_for(lambda: left() == 0, timeout=120, message="the drain to end")
-            starts = [entry for entry in entries(conn) if entry["event"] == "start"]
-            assert len(starts) == total
-            assert len({entry["job_id"] for entry in starts}) == total, "a job ran twice"
+            assert_each_started_once(conn, total)
             assert current() == 6
             wait_for(
                 lambda: len(segments.layout(conn).segments) <= 3,
@@ -695,16 +746,7 @@ def test_workers_rotate_segments_while_jobs_flow_and_each_runs_once(migrated):
 
 
 def _command(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    return subprocess.run(
-        [sys.executable, "-m", "tests.manage", "pgqueuesegments", *args],
-        check=False,
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_manage(url, "pgqueuesegments", *args)
 
 
 def test_the_command_says_how_the_job_table_is_stored_and_converts_it(migrated):
@@ -1229,14 +1271,6 @@ def test_the_operators_views_read_a_job_table_in_segments(migrated):
         assert lag["default"].processing >= 1
         assert lag["default"].dead_letters == 1
         assert len(store.dead_letter_groups()) == 1
-    health = subprocess.run(
-        [sys.executable, "-m", "tests.manage", "queuehealth"],
-        cwd=REPO,
-        env={**os.environ, "DATABASE_URL": migrated, "DJANGO_SETTINGS_MODULE": "tests.settings"},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-    )
+    health = run_manage(migrated, "queuehealth")
     assert health.returncode in (0, 1), health.stderr  # 1: no worker is running
     assert "Traceback" not in health.stderr

@@ -100,23 +100,15 @@ def rotate(
     # Checked first without a lock: waiting for one stops every statement on the job
     # table's segments.
     holding = [number for number in emptied if _holds_jobs(conn, number)]
-    truncated: list[int] = []
-    dropped: list[int] = []
-    _lock_timeout(conn, emptying_wait(lock_wait, len(emptied) - len(holding)))
-    refused = False
-    for number in emptied:
-        if number in holding:
-            continue
-        # After one refusal the queue is not paused again in this step: the other
-        # segments are emptied only if their locks are free at once.
-        now, state = _empty(conn, number, detach=number != PARKED, wait=not refused)
-        refused = refused or state == "refused"
-        if now:
-            truncated.append(number)
-        if state == "holding":
-            holding.append(number)
-        if state == "dropped":
-            dropped.append(number)
+    candidates = [
+        number
+        for number in sorted(emptied)
+        if number not in holding and not _snapshots_that_may_see(conn, number)
+    ]
+    emptying = _Emptying(conn, candidates)
+    emptying.run(emptying_wait(lock_wait, len(candidates)), lock_wait)
+    holding.extend(emptying.holding)
+    truncated, dropped = emptying.truncated, emptying.dropped
     _lock_timeout(conn, lock_wait)
     ahead = [number for number in current.segments if number > current.current]
     attached = switched = None
@@ -350,38 +342,87 @@ def _holds_jobs(conn: Conn, number: int) -> bool:
     )
 
 
-def _empty(
-    conn: psycopg.Connection[Any], number: int, *, detach: bool = True, wait: bool = True
-) -> tuple[bool, str]:
-    """Empty segment ``number`` if it holds no job. Returns whether it was truncated
-    now, and what it is: "holding" jobs, "refused" (a lock was not granted: within the
-    step's lock timeout, or at once without ``wait``), "seen" (a snapshot may still read
-    its rows), "kept" (empty, still attached) or "dropped"."""
-    table = segment_table(number)
-    (size,) = one_row(conn, "SELECT pg_relation_size(%s::regclass)", [table])
-    nowait = "" if wait else " NOWAIT"
-    truncated = False
-    if size:
+class _Emptying:
+    """Empty the old segments ``candidates`` (ascending) that hold no job and no
+    snapshot may still read, in housekeeping's transaction.
+
+    A segment's rows go with it when it is detached and dropped, and the job table's
+    exclusive lock that takes is asked for first: once it is held, no other session can
+    hold or ask for a segment's lock (every statement locks the job table before its
+    segments), so each segment's lock is granted at once. The other way round would
+    hang: holding a segment's lock (after a TRUNCATE), this step would wait for the job
+    table's while the workers holding that wait for the segment, until the lock timeout
+    ends it, with the queue stopped all along.
+
+    When the job table's lock is refused (a long transaction holds it, or the workers
+    kept it busy for the whole wait), segments are only truncated, each under its own
+    lock: their rows go and they stay attached, empty, for a later step to detach. That
+    wait is the step's short one, and after one refusal a lock is taken only if free at
+    once: a step pauses the queue twice at most.
+    """
+
+    def __init__(self, conn: psycopg.Connection[Any], candidates: list[int]) -> None:
+        self.conn = conn
+        self.candidates = candidates
+        self.truncated: list[int] = []
+        self.dropped: list[int] = []
+        self.holding: list[int] = []
+
+    def run(self, wait: float, short_wait: float) -> None:
+        if not self.candidates:
+            return
+        detachable = [number for number in self.candidates if number != PARKED]
+        if detachable and self._lock(JOB_TABLE, wait, only=True):
+            for number in self.candidates:
+                self._empty(number, detach=number != PARKED)
+            return
+        refused = False
+        for number in self.candidates:
+            (size,) = one_row(
+                self.conn, "SELECT pg_relation_size(%s::regclass)", [segment_table(number)]
+            )
+            if size and not refused:
+                refused = not self._empty(number, detach=False, wait=short_wait)
+
+    def _lock(self, table: str, wait: float | None, *, only: bool = False) -> bool:
+        """Take ``table``'s exclusive lock for the rest of the step, waiting at most
+        ``wait`` seconds (None: only if free now); whether it was granted."""
+        scope = "ONLY " if only else ""
+        if wait is not None:
+            _lock_timeout(self.conn, wait)
         try:
-            with conn.transaction():
-                conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE{nowait}")
-                # Under the lock no writer is left: what this sees is all there is.
-                if _holds_jobs(conn, number):
-                    return False, "holding"
-                if _snapshots_that_may_see(conn, number):
-                    return False, "seen"
-                conn.execute(f"TRUNCATE {table}")
-                truncated = True
+            with self.conn.transaction():
+                self.conn.execute(
+                    f"LOCK TABLE {scope}{table} IN ACCESS EXCLUSIVE MODE"
+                    + ("" if wait is not None else " NOWAIT")
+                )
         except psycopg.errors.LockNotAvailable:
-            return False, "refused"
-    if not detach:
-        return truncated, "kept"
-    try:
-        with conn.transaction():
-            conn.execute(f"LOCK TABLE ONLY {JOB_TABLE} IN ACCESS EXCLUSIVE MODE{nowait}")
-            conn.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
-            conn.execute(f"DROP TABLE {table}")
-            conn.execute(f"DELETE FROM {SEGMENTS} WHERE segment = %s", [number])
-    except psycopg.errors.LockNotAvailable:
-        return truncated, "refused"
-    return truncated, "dropped"
+            return False
+        return True
+
+    def _empty(self, number: int, *, detach: bool, wait: float | None = None) -> bool:
+        """Empty segment ``number`` under its lock (waiting as :meth:`_lock` does);
+        whether the lock was granted."""
+        table = segment_table(number)
+        (size,) = one_row(self.conn, "SELECT pg_relation_size(%s::regclass)", [table])
+        with self.conn.transaction() as step:
+            if not self._lock(table, wait):
+                return False
+            # Under the lock no writer is left: what this sees is all there is. A
+            # segment left as it is gives its lock back (the savepoint's rollback): held
+            # to the step's end, it would stop every statement on the job table.
+            if _holds_jobs(self.conn, number):
+                self.holding.append(number)
+                raise psycopg.Rollback(step)
+            if _snapshots_that_may_see(self.conn, number):
+                raise psycopg.Rollback(step)
+            if detach:
+                self.conn.execute(f"ALTER TABLE {JOB_TABLE} DETACH PARTITION {table}")
+                self.conn.execute(f"DROP TABLE {table}")
+                self.conn.execute(f"DELETE FROM {SEGMENTS} WHERE segment = %s", [number])
+                self.dropped.append(number)
+            else:
+                self.conn.execute(f"TRUNCATE {table}")
+            if size:
+                self.truncated.append(number)
+        return True
