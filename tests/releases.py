@@ -9,13 +9,17 @@ import os
 import subprocess
 import sys
 import tarfile
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from io import BytesIO
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from django.core.management import call_command
+from django.db import connections
 
 from tests.database import REPO
 from tests.ledger import entries
@@ -51,6 +55,41 @@ def checkout(commit: str, into: Path) -> None:
     ).stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
+
+
+@contextmanager
+def rolling_deploy(migration: str) -> Iterator[Path]:
+    """The test database migrated back to before ``migration``, and the release before
+    it checked out: yield the checkout, whose workers and producers then run while the
+    test calls :func:`migrate_forward`. Whatever happens, the database is migrated to
+    this release again on the way out, for the tests after."""
+    call_command("migrate", "django_pgqueue", f"{int(migration[:4]) - 1:04d}", verbosity=0)
+    try:
+        with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as tree:
+            checkout(previous_release(migration), Path(tree))
+            yield Path(tree)
+    finally:
+        connections.close_all()
+        call_command("migrate", "django_pgqueue", verbosity=0)
+
+
+def migrate_forward(conn: psycopg.Connection[Any]) -> datetime:
+    """Run this release's migrations, as a deploy does while the old workers run; return
+    the database's clock after them (both releases' workers must run jobs after it)."""
+    call_command("migrate", "django_pgqueue", verbosity=0)
+    connections.close_all()
+    (migrated,) = conn.execute("SELECT clock_timestamp()").fetchone()
+    assert isinstance(migrated, datetime)
+    return migrated
+
+
+def stop(*parts: WorkerProcess | LineProducer | None) -> None:
+    """Stop the workers and close the producers of a rolling deploy that were started."""
+    for part in parts:
+        if isinstance(part, LineProducer):
+            part.close()
+        elif part is not None:
+            part.stop()
 
 
 def python(db_url: str, tree: Path, script: str, *args: str) -> subprocess.Popen[str]:
@@ -107,6 +146,15 @@ def assert_logged_no_error(*workers: WorkerProcess | None) -> None:
             assert " ERROR " not in worker.output(), worker.output()
 
 
+def assert_each_started_once(conn: psycopg.Connection[Any], jobs: int) -> list[dict[str, Any]]:
+    """Every one of ``jobs`` jobs started once, by the ledger; return the ledger."""
+    ledger = entries(conn)
+    starts = [entry for entry in ledger if entry["event"] == "start"]
+    assert len(starts) == jobs
+    assert len({entry["job_id"] for entry in starts}) == jobs, "a job ran twice"
+    return ledger
+
+
 def assert_each_ran_once(
     conn: psycopg.Connection[Any],
     jobs: int,
@@ -116,10 +164,8 @@ def assert_each_ran_once(
 ) -> list[dict[str, Any]]:
     """Every one of ``jobs`` jobs started once (the ledger), and each of ``workers``
     started some after ``migrated``; return the ledger."""
-    ledger = entries(conn)
+    ledger = assert_each_started_once(conn, jobs)
     starts = [entry for entry in ledger if entry["event"] == "start"]
-    assert len(starts) == jobs
-    assert len({entry["job_id"] for entry in starts}) == jobs, "a job ran twice"
     assert {entry["worker_pid"] for entry in starts if entry["at"] > migrated} == {
         worker.pid for worker in workers
     }, "the old and the new worker both ran jobs after the migration"

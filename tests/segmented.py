@@ -22,16 +22,24 @@ from tests.scratch import scratch_database
 REPO = Path(__file__).resolve().parents[1]
 
 
-def manage(url: str, *args: str) -> None:
-    """Run ``python -m tests.manage ARGS`` on the database at ``url``."""
+def run_manage(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m tests.manage ARGS`` on the database at ``url``, its output captured."""
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    subprocess.run(
-        [sys.executable, "-m", "tests.manage", *args, "-v", "0"],
+    return subprocess.run(
+        [sys.executable, "-m", "tests.manage", *args],
         cwd=REPO,
         env=env,
-        check=True,
+        capture_output=True,
+        text=True,
+        check=False,
         timeout=180,
     )
+
+
+def manage(url: str, *args: str) -> None:
+    """Run ``python -m tests.manage ARGS`` on the database at ``url``; it must succeed."""
+    done = run_manage(url, *args, "-v", "0")
+    assert done.returncode == 0, f"manage.py {' '.join(args)} failed:\n{done.stderr}"
 
 
 @contextmanager

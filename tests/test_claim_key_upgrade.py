@@ -10,12 +10,7 @@ once, both workers ran jobs after the migration, and neither logged an error.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
-from django.core.management import call_command
-from django.db import connections
 
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
@@ -24,8 +19,9 @@ from tests.releases import (
     LineProducer,
     assert_each_ran_once,
     assert_logged_no_error,
-    checkout,
-    previous_release,
+    migrate_forward,
+    rolling_deploy,
+    stop,
 )
 from tests.workers import WorkerProcess, wait_for
 
@@ -66,69 +62,58 @@ def _succeeded(conn) -> int:
 
 def test_old_and_new_releases_keep_one_job_per_key_across_migration_0028(db_url, open_connection):
     conn = open_connection()
-    call_command("migrate", "django_pgqueue", "0027", verbosity=0)
-    try:
-        with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
-            checkout(previous_release("0028_claim_key_lets_moves_through"), Path(old_tree))
-            producer = LineProducer(db_url, Path(old_tree), OLD_PRODUCER)
-            old = new = None
-            try:
-                producer.enqueue("before-")
-                old = WorkerProcess(
-                    db_url, "--queue", "default", "--concurrency", "4", cwd=Path(old_tree)
-                )
-                wait_for(
-                    lambda: _succeeded(conn) > 30,
-                    timeout=120,
-                    message=f"the old worker to run jobs\n{old.output()}",
-                )
-                call_command("migrate", "django_pgqueue", verbosity=0)
-                connections.close_all()
-                (migrated,) = conn.execute("SELECT clock_timestamp()").fetchone()
-                producer.enqueue("during-")
-                new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
-                this_release = QueueStore(PsycopgRunner(open_connection(), "default"))
-                for _ in range(2):
-                    this_release.enqueue_many(
-                        [
-                            JobSpec(
-                                TASK,
-                                kwargs={"label": f"after-{n}", "seconds": SECONDS},
-                                idempotency_key=f"after-{n}",
-                            )
-                            for n in range(BATCH)
-                        ]
-                    )
-                # Keys the old producer took before the migration, given again by both.
-                producer.enqueue("before-")
+    with rolling_deploy("0028_claim_key_lets_moves_through") as old_tree:
+        producer = LineProducer(db_url, old_tree, OLD_PRODUCER)
+        old = new = None
+        try:
+            producer.enqueue("before-")
+            old = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4", cwd=old_tree)
+            wait_for(
+                lambda: _succeeded(conn) > 30,
+                timeout=120,
+                message=f"the old worker to run jobs\n{old.output()}",
+            )
+            migrated = migrate_forward(conn)
+            producer.enqueue("during-")
+            new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
+            this_release = QueueStore(PsycopgRunner(open_connection(), "default"))
+            for _ in range(2):
                 this_release.enqueue_many(
                     [
                         JobSpec(
                             TASK,
-                            kwargs={"label": f"during-{n}", "seconds": SECONDS},
-                            idempotency_key=f"during-{n}",
+                            kwargs={"label": f"after-{n}", "seconds": SECONDS},
+                            idempotency_key=f"after-{n}",
                         )
                         for n in range(BATCH)
                     ]
                 )
-                wait_for(
-                    lambda: _succeeded(conn) > BATCH + 30,
-                    timeout=120,
-                    message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
-                )
-                old.stop()
-                wait_for(
-                    lambda: _succeeded(conn) == 3 * BATCH,
-                    timeout=300,
-                    message=f"every job to succeed\n{new.output()}",
-                )
-            finally:
-                producer.close()
-                if old is not None:
-                    old.stop()
-                if new is not None:
-                    new.stop()
-            assert_logged_no_error(old, new)
+            # Keys the old producer took before the migration, given again by both.
+            producer.enqueue("before-")
+            this_release.enqueue_many(
+                [
+                    JobSpec(
+                        TASK,
+                        kwargs={"label": f"during-{n}", "seconds": SECONDS},
+                        idempotency_key=f"during-{n}",
+                    )
+                    for n in range(BATCH)
+                ]
+            )
+            wait_for(
+                lambda: _succeeded(conn) > BATCH + 30,
+                timeout=120,
+                message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
+            )
+            old.stop()
+            wait_for(
+                lambda: _succeeded(conn) == 3 * BATCH,
+                timeout=300,
+                message=f"every job to succeed\n{new.output()}",
+            )
+        finally:
+            stop(producer, old, new)
+        assert_logged_no_error(old, new)
         assert_each_ran_once(conn, 3 * BATCH, [old, new], migrated=migrated)
         keys = conn.execute(
             "SELECT count(DISTINCT idempotency_key), count(*) FROM django_pgqueue_job_all "
@@ -136,6 +121,3 @@ def test_old_and_new_releases_keep_one_job_per_key_across_migration_0028(db_url,
             [TASK],
         ).fetchone()
         assert keys == (3 * BATCH, 3 * BATCH)
-    finally:
-        connections.close_all()
-        call_command("migrate", "django_pgqueue", verbosity=0)

@@ -12,13 +12,9 @@ once, and both workers ran jobs after the migration without an error logged.
 
 from __future__ import annotations
 
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
-from django.core.management import call_command
-from django.db import connections
 
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
@@ -27,8 +23,9 @@ from tests.releases import (
     LineProducer,
     assert_each_ran_once,
     assert_logged_no_error,
-    checkout,
-    previous_release,
+    migrate_forward,
+    rolling_deploy,
+    stop,
 )
 from tests.workers import WorkerProcess, wait_for
 
@@ -81,59 +78,48 @@ def _most_at_once(runs: list[tuple[object, object]]) -> int:
 
 def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_connection):
     conn = open_connection()
-    call_command("migrate", "django_pgqueue", "0024", verbosity=0)
-    try:
-        with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
-            checkout(previous_release("0025_fold_keys_by_claim_order"), Path(old_tree))
-            producer = LineProducer(db_url, Path(old_tree), OLD_PRODUCER)
-            old = new = None
-            try:
-                producer.enqueue("before-")
-                old = WorkerProcess(
-                    db_url, "--queue", "default", "--concurrency", "4", cwd=Path(old_tree)
-                )
-                wait_for(
-                    lambda: _succeeded(conn) > 30,
-                    timeout=120,
-                    message=f"the old worker to run jobs\n{old.output()}",
-                )
-                call_command("migrate", "django_pgqueue", verbosity=0)
-                connections.close_all()
-                (migrated,) = conn.execute("SELECT clock_timestamp()").fetchone()
-                # Signals naming no job, folded by the old worker's two-argument call
-                # and by the new worker's, once it starts.
-                producer.enqueue("during-")
-                new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
-                this_release = QueueStore(PsycopgRunner(open_connection(), "default"))
-                this_release.enqueue_many(
-                    [
-                        JobSpec(
-                            TASK,
-                            kwargs={"label": f"after-{n}", "seconds": SECONDS},
-                            concurrency_key=f"key-{n % KEYS}",
-                            concurrency_limit=LIMIT,
-                        )
-                        for n in range(BATCH)
-                    ]
-                )
-                wait_for(
-                    lambda: _succeeded(conn) > BATCH + 30,
-                    timeout=120,
-                    message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
-                )
-                old.stop()
-                wait_for(
-                    lambda: _succeeded(conn) == 3 * BATCH,
-                    timeout=300,
-                    message=f"every job to succeed\n{new.output()}",
-                )
-            finally:
-                producer.close()
-                if old is not None:
-                    old.stop()
-                if new is not None:
-                    new.stop()
-            assert_logged_no_error(old, new)
+    with rolling_deploy("0025_fold_keys_by_claim_order") as old_tree:
+        producer = LineProducer(db_url, old_tree, OLD_PRODUCER)
+        old = new = None
+        try:
+            producer.enqueue("before-")
+            old = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4", cwd=old_tree)
+            wait_for(
+                lambda: _succeeded(conn) > 30,
+                timeout=120,
+                message=f"the old worker to run jobs\n{old.output()}",
+            )
+            migrated = migrate_forward(conn)
+            # Signals naming no job, folded by the old worker's two-argument call
+            # and by the new worker's, once it starts.
+            producer.enqueue("during-")
+            new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
+            this_release = QueueStore(PsycopgRunner(open_connection(), "default"))
+            this_release.enqueue_many(
+                [
+                    JobSpec(
+                        TASK,
+                        kwargs={"label": f"after-{n}", "seconds": SECONDS},
+                        concurrency_key=f"key-{n % KEYS}",
+                        concurrency_limit=LIMIT,
+                    )
+                    for n in range(BATCH)
+                ]
+            )
+            wait_for(
+                lambda: _succeeded(conn) > BATCH + 30,
+                timeout=120,
+                message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
+            )
+            old.stop()
+            wait_for(
+                lambda: _succeeded(conn) == 3 * BATCH,
+                timeout=300,
+                message=f"every job to succeed\n{new.output()}",
+            )
+        finally:
+            stop(producer, old, new)
+        assert_logged_no_error(old, new)
         ledger = assert_each_ran_once(conn, 3 * BATCH, [old, new], migrated=migrated)
         starts = [entry for entry in ledger if entry["event"] == "start"]
         key_of = dict(
@@ -149,6 +135,3 @@ def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_
         assert set(runs) == {f"key-{n}" for n in range(KEYS)}
         for key, key_runs in runs.items():
             assert _most_at_once(key_runs) <= LIMIT, f"{key} ran more than {LIMIT} at once"
-    finally:
-        connections.close_all()
-        call_command("migrate", "django_pgqueue", verbosity=0)

@@ -11,13 +11,9 @@ in each partition one job at a time, in id order.
 from __future__ import annotations
 
 import itertools
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
-from django.core.management import call_command
-from django.db import connections
 
 from django_pgqueue.store.queue import QueueStore
 from django_pgqueue.store.runners import PsycopgRunner
@@ -25,8 +21,9 @@ from django_pgqueue.store.values import JobSpec
 from tests.releases import (
     assert_each_ran_once,
     assert_logged_no_error,
-    checkout,
-    previous_release,
+    migrate_forward,
+    rolling_deploy,
+    stop,
 )
 from tests.workers import WorkerProcess, wait_for
 
@@ -56,57 +53,48 @@ def _succeeded(conn) -> int:
 
 def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, open_connection):
     conn = open_connection()
-    call_command("migrate", "django_pgqueue", "0023", verbosity=0)
-    try:
+    with rolling_deploy("0024_refresh_from_bounds") as old_tree:
         _enqueue_sql(conn, "before-")
         (signals,) = conn.execute("SELECT count(*) FROM django_pgqueue_partition_signal").fetchone()
         assert signals == BATCH
-        with tempfile.TemporaryDirectory(prefix="pgqueue-previous-") as old_tree:
-            checkout(previous_release("0024_refresh_from_bounds"), Path(old_tree))
-            old = WorkerProcess(
-                db_url, "--queue", "default", "--concurrency", "4", cwd=Path(old_tree)
+        old = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4", cwd=old_tree)
+        new = None
+        try:
+            wait_for(
+                lambda: _succeeded(conn) > 30,
+                timeout=120,
+                message=f"the old worker to run jobs\n{old.output()}",
             )
-            new = None
-            try:
-                wait_for(
-                    lambda: _succeeded(conn) > 30,
-                    timeout=120,
-                    message=f"the old worker to run jobs\n{old.output()}",
-                )
-                call_command("migrate", "django_pgqueue", verbosity=0)
-                connections.close_all()
-                (migrated,) = conn.execute("SELECT clock_timestamp()").fetchone()
-                # The SQL function now names each signal's job; the old worker folds
-                # those signals with the functions it knows.
-                _enqueue_sql(conn, "during-")
-                new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
-                producer = QueueStore(PsycopgRunner(open_connection(), "default"))
-                producer.enqueue_many(
-                    [
-                        JobSpec(
-                            TASK,
-                            kwargs={"label": f"after-{n}"},
-                            partition_key=f"part-{n % PARTITIONS}",
-                        )
-                        for n in range(BATCH)
-                    ]
-                )
-                wait_for(
-                    lambda: _succeeded(conn) > BATCH + 30,
-                    timeout=120,
-                    message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
-                )
-                old.stop()
-                wait_for(
-                    lambda: _succeeded(conn) == 3 * BATCH,
-                    timeout=300,
-                    message=f"every job to succeed\n{new.output()}",
-                )
-            finally:
-                old.stop()
-                if new is not None:
-                    new.stop()
-            assert_logged_no_error(old, new)
+            migrated = migrate_forward(conn)
+            # The SQL function now names each signal's job; the old worker folds
+            # those signals with the functions it knows.
+            _enqueue_sql(conn, "during-")
+            new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
+            producer = QueueStore(PsycopgRunner(open_connection(), "default"))
+            producer.enqueue_many(
+                [
+                    JobSpec(
+                        TASK,
+                        kwargs={"label": f"after-{n}"},
+                        partition_key=f"part-{n % PARTITIONS}",
+                    )
+                    for n in range(BATCH)
+                ]
+            )
+            wait_for(
+                lambda: _succeeded(conn) > BATCH + 30,
+                timeout=120,
+                message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
+            )
+            old.stop()
+            wait_for(
+                lambda: _succeeded(conn) == 3 * BATCH,
+                timeout=300,
+                message=f"every job to succeed\n{new.output()}",
+            )
+        finally:
+            stop(old, new)
+        assert_logged_no_error(old, new)
         ledger = assert_each_ran_once(conn, 3 * BATCH, [old, new], migrated=migrated)
         starts = [entry for entry in ledger if entry["event"] == "start"]
         partition_of = dict(
@@ -127,6 +115,3 @@ def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, 
             assert ids == sorted(ids), f"partition {key} ran out of id order: {ids}"
             for (_, ended, _), (started, _, _) in itertools.pairwise(partition_runs):
                 assert started >= ended, f"partition {key} ran two jobs at once"
-    finally:
-        connections.close_all()
-        call_command("migrate", "django_pgqueue", verbosity=0)

@@ -29,10 +29,10 @@ def make_layout_free(conn: psycopg.Connection[Any], functions: list[tuple[str, s
     ``pgq_job_coalesce_key``, and the ``xmax`` that told an insert from its update,
     which a partitioned table's RETURNING cannot read). It then works on either layout.
     """
-    columns = job_columns(conn)
+    columns = columns_of(conn, JOB_TABLE)
     # Left by an earlier disable (see tidy): kept if it still has the job table's
     # columns; made anew if a migration changed them (no function uses it meanwhile).
-    if relkind(conn, COALESCED_TYPE) is not None and type_columns(conn) != columns:
+    if relkind(conn, COALESCED_TYPE) is not None and columns_of(conn, COALESCED_TYPE) != columns:
         conn.execute(f"DROP TYPE {COALESCED_TYPE}")
     if relkind(conn, COALESCED_TYPE) is None:
         conn.execute(
@@ -48,27 +48,17 @@ def make_layout_free(conn: psycopg.Connection[Any], functions: list[tuple[str, s
             recreate_function(conn, signature, layout_free(definition, names), grants)
 
 
-def type_columns(conn: Conn) -> list[tuple[str, str]]:
-    """The attributes of pgq_coalesced_job, as job_columns gives the job table's."""
-    return [
-        (str(name), str(kind))
-        for name, kind in conn.execute(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
-            "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
-            "ORDER BY attnum",
-            [COALESCED_TYPE],
-        ).fetchall()
-    ]
-
-
-def job_columns(conn: Conn) -> list[tuple[str, str]]:
+def columns_of(conn: Conn, relation: str) -> list[tuple[str, str]]:
+    """The columns (or a composite type's attributes) of ``relation``, with their types,
+    in order; the segment column left out (a job table in segments has it, the type
+    does not)."""
     return [
         (str(name), str(kind))
         for name, kind in conn.execute(
             "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
             "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
             "AND attname <> 'segment' ORDER BY attnum",
-            [JOB_TABLE],
+            [relation],
         ).fetchall()
     ]
 
