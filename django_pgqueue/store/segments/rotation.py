@@ -63,11 +63,11 @@ def rotate(
 
     1. Move up to ``move_limit`` jobs that would keep an older segment from emptying
        for long: to the parked segment, or to the current one (see :data:`_MOVE`).
-    2. Empty each segment older than the current one that no longer holds a job:
-       ``TRUNCATE`` under its exclusive lock (the rows were checked gone under it), then
-       ``DETACH`` and ``DROP`` if the job table's lock is granted within ``lock_wait``.
-       A segment a long transaction has read keeps its lock until that ends: it stays,
-       empty, and is tried again next step.
+    2. Empty each segment older than the current one that no longer holds a job and
+       that no snapshot may still read: ``DETACH`` and ``DROP`` under the job table's
+       lock if it is granted in time (:func:`emptying_wait`), else ``TRUNCATE`` under
+       the segment's own; see :class:`_Emptying`. A segment a long transaction has read
+       keeps its lock until that ends, and is tried again next step.
     3. Switch new jobs to the segment attached ahead, once no transaction that began
        before its ``ATTACH`` may miss it (see :func:`_older_writers`): such a
        transaction keeps the partitions it saw, and would fail to insert into the new
