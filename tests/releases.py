@@ -5,11 +5,13 @@ Also what every rolling-deploy test asserts of the workers of both releases.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 import tarfile
 import tempfile
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -153,6 +155,31 @@ def assert_each_started_once(conn: psycopg.Connection[Any], jobs: int) -> list[d
     assert len(starts) == jobs
     assert len({entry["job_id"] for entry in starts}) == jobs, "a job ran twice"
     return ledger
+
+
+def assert_partitions_in_order(
+    conn: psycopg.Connection[Any], ledger: list[dict[str, Any]]
+) -> set[str]:
+    """Each partition's jobs in the ledger ran in id order, one at a time; return the
+    partition keys."""
+    partition_of = dict(
+        conn.execute(
+            "SELECT id, partition_key FROM django_pgqueue_job_all WHERE partition_key IS NOT NULL"
+        ).fetchall()
+    )
+    ends = {entry["job_id"]: entry["at"] for entry in ledger if entry["event"] == "end"}
+    runs: dict[str, list[tuple[Any, Any, int]]] = defaultdict(list)
+    for entry in ledger:
+        job = entry["job_id"]
+        if entry["event"] == "start" and job in partition_of:
+            runs[partition_of[job]].append((entry["at"], ends[job], job))
+    for key, partition_runs in runs.items():
+        partition_runs.sort()
+        order = [job for _, _, job in partition_runs]
+        assert order == sorted(order), f"partition {key} ran out of id order: {order}"
+        for (_, ended, _), (started, _, _) in itertools.pairwise(partition_runs):
+            assert started >= ended, f"partition {key} ran two jobs at once"
+    return set(runs)
 
 
 def assert_each_ran_once(

@@ -10,9 +10,6 @@ in each partition one job at a time, in id order.
 
 from __future__ import annotations
 
-import itertools
-from collections import defaultdict
-
 import pytest
 
 from django_pgqueue.store.queue import QueueStore
@@ -21,6 +18,7 @@ from django_pgqueue.store.values import JobSpec
 from tests.releases import (
     assert_each_ran_once,
     assert_logged_no_error,
+    assert_partitions_in_order,
     migrate_forward,
     rolling_deploy,
     stop,
@@ -96,22 +94,4 @@ def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, 
             stop(old, new)
         assert_logged_no_error(old, new)
         ledger = assert_each_ran_once(conn, 3 * BATCH, [old, new], migrated=migrated)
-        starts = [entry for entry in ledger if entry["event"] == "start"]
-        partition_of = dict(
-            conn.execute(
-                "SELECT id, partition_key FROM django_pgqueue_job_all WHERE task_path = %s",
-                [TASK],
-            ).fetchall()
-        )
-        runs: dict[str, list[tuple[object, object, int]]] = defaultdict(list)
-        ends = {entry["job_id"]: entry["at"] for entry in ledger if entry["event"] == "end"}
-        for entry in starts:
-            runs[partition_of[entry["job_id"]]].append(
-                (entry["at"], ends[entry["job_id"]], entry["job_id"])
-            )
-        for key, partition_runs in runs.items():
-            partition_runs.sort()
-            ids = [job_id for _, _, job_id in partition_runs]
-            assert ids == sorted(ids), f"partition {key} ran out of id order: {ids}"
-            for (_, ended, _), (started, _, _) in itertools.pairwise(partition_runs):
-                assert started >= ended, f"partition {key} ran two jobs at once"
+        assert assert_partitions_in_order(conn, ledger) == {f"part-{n}" for n in range(PARTITIONS)}

@@ -29,9 +29,15 @@ from django_pgqueue.store.segments import PARKED, SegmentLayoutError
 from django_pgqueue.store.sql import QUERIES
 from django_pgqueue.store.statements.base import moved_row
 from django_pgqueue.store.values import Failure, JobSpec
+from django_pgqueue.worker import housekeeping
+from django_pgqueue.worker.connection import CONNECTION_ERRORS
 from tests.ledger import entries
 from tests.plans import explain, walk
-from tests.releases import assert_each_started_once, assert_logged_no_error
+from tests.releases import (
+    assert_each_started_once,
+    assert_logged_no_error,
+    assert_partitions_in_order,
+)
 from tests.scratch import scratch_database
 from tests.segmented import manage, migrated_database, run_manage, worker_connection
 from tests.workers import WorkerProcess, wait_for
@@ -619,13 +625,18 @@ def test_emptied_segments_left_by_refused_locks_are_dropped_by_a_longer_wait(mig
         assert segments.layout(conn).segments == (4,)
 
 
+def _left_behind(conn: psycopg.Connection[Any]) -> None:
+    """Segments enabled, and segment 0 left without a job: new jobs go to segment 1."""
+    segments.enable(conn)
+    _seed(conn, 10)
+    _rotate(conn)
+    _rotate(conn)
+    conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
+
+
 def test_a_segment_is_emptied_and_detached_in_one_step_while_statements_flow(migrated):
     with _connect(migrated) as conn, _connect(migrated) as busy:
-        segments.enable(conn)
-        _seed(conn, 10)
-        _rotate(conn)
-        _rotate(conn)  # new jobs go to segment 1
-        conn.execute("DELETE FROM django_pgqueue_job WHERE segment = 0")
+        _left_behind(conn)
         stop = threading.Event()
 
         def statements() -> None:
@@ -673,6 +684,144 @@ def test_a_step_that_leaves_segments_as_they_are_holds_no_lock_that_stops_the_qu
             assert other.execute("SELECT count(*) FROM django_pgqueue_job").fetchone() == (11,)
         holder.execute("ROLLBACK")
         assert _rotate(conn, move_limit=0).dropped == (1,)
+
+
+class _Slot:
+    """What a housekeeping step needs of a worker's connection slot."""
+
+    def __init__(self, url: str) -> None:
+        self.connection = _worker_connection(url)
+        self.store = QueueStore(PsycopgRunner(self.connection, "default"))
+
+
+def test_a_process_paused_in_a_step_that_holds_the_job_tables_lock_stops_the_queue_briefly(
+    migrated,
+):
+    with _connect(migrated) as conn, _connect(migrated) as other:
+        _left_behind(conn)
+        slot = _Slot(migrated)
+        (pid,) = slot.connection.execute("SELECT pg_backend_pid()").fetchone()
+        paused = threading.Event()
+        ended: list[BaseException] = []
+
+        def work(store: QueueStore) -> None:
+            rotation = segments.rotate(
+                slot.connection, jobs_per_segment=10, max_holding=4, lock_wait=0.05
+            )
+            assert rotation is not None
+            assert rotation.dropped == (0,)
+            paused.wait(timeout=60)  # the process stops here, its step's lock held
+
+        def step() -> None:
+            try:
+                housekeeping._step(slot, work, idle_timeout=1.0)  # type: ignore[arg-type]
+            except BaseException as error:  # recorded for the assertion
+                ended.append(error)
+
+        thread = threading.Thread(target=step)
+        thread.start()
+        try:
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s AND granted "
+                        "AND relation = 'django_pgqueue_job'::regclass "
+                        "AND mode = 'AccessExclusiveLock')",
+                        [pid],
+                    ).fetchone()
+                    == (True,)
+                ),
+                timeout=30,
+                message="the step to hold the job table's lock",
+            )
+            # The queue's next statement waits for the lock, until the server ends the
+            # paused session (the step's idle timeout) and its transaction with it.
+            other.execute("SET lock_timeout = '60s'")
+            _seed(other, 1)
+            assert conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]
+            ).fetchone() == (0,)
+        finally:
+            paused.set()
+            thread.join(timeout=60)
+        (error,) = ended
+        assert isinstance(error, CONNECTION_ERRORS), repr(error)
+        # Its DETACH was rolled back with it; the next step, on another worker, does it.
+        assert segments.layout(conn).segments == (0, 1)
+        assert _rotate(conn).dropped == (0,)
+        assert _segment_of(conn) == {1: 1}
+
+
+def test_a_partitioned_backlog_caught_up_segment_to_segment_keeps_each_partitions_order(
+    migrated,
+):
+    store = _store(migrated)
+    with _connect(migrated) as conn:
+        segments.enable(conn)
+        partitioned = [
+            JobSpec(
+                "tests.tasks.ledger_sleep",
+                kwargs={"label": f"p{n}", "seconds": 0.1},
+                partition_key=f"part-{n % 4}",
+            )
+            for n in range(160)
+        ]
+        ids = [job.id for job in store.enqueue_many(partitioned)]
+        settings = {"SEGMENT_JOBS": 100, "HOUSEKEEPING_INTERVAL_SECONDS": 0.2}
+        worker = WorkerProcess(migrated, "--concurrency", "4", settings=settings)
+        try:
+            # Each partition runs one job at a time, so its backlog outlives segments:
+            # fillers move new jobs on, and the mover catches the backlog up.
+            for round_ in range(4):
+                store.enqueue_many(
+                    [
+                        JobSpec("tests.tasks.ledger_sleep", kwargs={"label": f"f{round_}-{n}"})
+                        for n in range(150)
+                    ]
+                )
+                before = conn.execute("SELECT pgq_current_segment()").fetchone()[0]
+                wait_for(
+                    lambda before=before: (
+                        conn.execute("SELECT pgq_current_segment()").fetchone()[0] > before
+                    ),
+                    timeout=60,
+                    message=f"housekeeping to switch segments\n{worker.output()}",
+                )
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM django_pgqueue_job WHERE partition_key IS NOT NULL "
+                        "AND segment > 0"
+                    ).fetchone()[0]
+                    > 0
+                    or conn.execute(
+                        "SELECT count(*) FROM django_pgqueue_job WHERE partition_key IS NOT NULL"
+                    ).fetchone()[0]
+                    == 0
+                ),
+                timeout=60,
+                message="the mover to take partitioned jobs on",
+            )
+            moved = conn.execute(
+                "SELECT count(*) FROM django_pgqueue_job WHERE partition_key IS NOT NULL "
+                "AND segment > 0"
+            ).fetchone()[0]
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM django_pgqueue_job_all WHERE status <> 'succeeded'"
+                    ).fetchone()[0]
+                    == 0
+                ),
+                timeout=120,
+                message=f"the drain to end\n{worker.output()}",
+            )
+            assert_logged_no_error(worker)
+        finally:
+            worker.stop()
+        assert moved > 0, "the backlog was drained before the mover took any of it"
+        ledger = assert_each_started_once(conn, len(ids) + 4 * 150)
+        assert assert_partitions_in_order(conn, ledger) == {f"part-{n}" for n in range(4)}
 
 
 def test_no_segment_is_attached_while_the_limit_of_segments_holding_jobs_is_reached(migrated):
