@@ -25,7 +25,7 @@ from django.db import connections
 
 from tests.database import REPO
 from tests.ledger import entries
-from tests.workers import WorkerProcess
+from tests.workers import WorkerProcess, wait_for
 
 
 def previous_release(migration: str) -> str:
@@ -92,6 +92,49 @@ def stop(*parts: WorkerProcess | LineProducer | None) -> None:
             part.close()
         elif part is not None:
             part.stop()
+
+
+def succeeded(conn: psycopg.Connection[Any], task: str) -> int:
+    """How many jobs of ``task`` succeeded, in either tier."""
+    (count,) = conn.execute(
+        "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
+        [task],
+    ).fetchone()
+    return int(count)
+
+
+def old_worker_runs(conn: psycopg.Connection[Any], task: str, old: WorkerProcess) -> None:
+    """Wait until the previous release's worker has run some jobs of ``task``."""
+    wait_for(
+        lambda: succeeded(conn, task) > 30,
+        timeout=120,
+        message=f"the old worker to run jobs\n{old.output()}",
+    )
+
+
+def hand_over(
+    conn: psycopg.Connection[Any],
+    task: str,
+    old: WorkerProcess,
+    new: WorkerProcess,
+    *,
+    both_after: int,
+    total: int,
+) -> None:
+    """The end of a rolling deploy: once more than ``both_after`` jobs of ``task``
+    succeeded (both workers running), the old worker leaves, and the new one runs the
+    rest of the ``total``."""
+    wait_for(
+        lambda: succeeded(conn, task) > both_after,
+        timeout=120,
+        message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
+    )
+    old.stop()
+    wait_for(
+        lambda: succeeded(conn, task) == total,
+        timeout=300,
+        message=f"every job to succeed\n{new.output()}",
+    )
 
 
 def python(db_url: str, tree: Path, script: str, *args: str) -> subprocess.Popen[str]:

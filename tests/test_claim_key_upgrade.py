@@ -19,11 +19,13 @@ from tests.releases import (
     LineProducer,
     assert_each_ran_once,
     assert_logged_no_error,
+    hand_over,
     migrate_forward,
+    old_worker_runs,
     rolling_deploy,
     stop,
 )
-from tests.workers import WorkerProcess, wait_for
+from tests.workers import WorkerProcess
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.soak]
 
@@ -53,11 +55,18 @@ for line in sys.stdin:
 """
 
 
-def _succeeded(conn) -> int:
-    return conn.execute(
-        "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
-        [TASK],
-    ).fetchone()[0]
+def _enqueue(store: QueueStore, label: str) -> None:
+    """This release's producer: every key of the batch ``label`` once."""
+    store.enqueue_many(
+        [
+            JobSpec(
+                TASK,
+                kwargs={"label": f"{label}{n}", "seconds": SECONDS},
+                idempotency_key=f"{label}{n}",
+            )
+            for n in range(BATCH)
+        ]
+    )
 
 
 def test_old_and_new_releases_keep_one_job_per_key_across_migration_0028(db_url, open_connection):
@@ -68,49 +77,17 @@ def test_old_and_new_releases_keep_one_job_per_key_across_migration_0028(db_url,
         try:
             producer.enqueue("before-")
             old = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4", cwd=old_tree)
-            wait_for(
-                lambda: _succeeded(conn) > 30,
-                timeout=120,
-                message=f"the old worker to run jobs\n{old.output()}",
-            )
+            old_worker_runs(conn, TASK, old)
             migrated = migrate_forward(conn)
             producer.enqueue("during-")
             new = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4")
             this_release = QueueStore(PsycopgRunner(open_connection(), "default"))
             for _ in range(2):
-                this_release.enqueue_many(
-                    [
-                        JobSpec(
-                            TASK,
-                            kwargs={"label": f"after-{n}", "seconds": SECONDS},
-                            idempotency_key=f"after-{n}",
-                        )
-                        for n in range(BATCH)
-                    ]
-                )
+                _enqueue(this_release, "after-")
             # Keys the old producer took before the migration, given again by both.
             producer.enqueue("before-")
-            this_release.enqueue_many(
-                [
-                    JobSpec(
-                        TASK,
-                        kwargs={"label": f"during-{n}", "seconds": SECONDS},
-                        idempotency_key=f"during-{n}",
-                    )
-                    for n in range(BATCH)
-                ]
-            )
-            wait_for(
-                lambda: _succeeded(conn) > BATCH + 30,
-                timeout=120,
-                message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
-            )
-            old.stop()
-            wait_for(
-                lambda: _succeeded(conn) == 3 * BATCH,
-                timeout=300,
-                message=f"every job to succeed\n{new.output()}",
-            )
+            _enqueue(this_release, "during-")
+            hand_over(conn, TASK, old, new, both_after=BATCH + 30, total=3 * BATCH)
         finally:
             stop(producer, old, new)
         assert_logged_no_error(old, new)

@@ -23,11 +23,13 @@ from tests.releases import (
     LineProducer,
     assert_each_ran_once,
     assert_logged_no_error,
+    hand_over,
     migrate_forward,
+    old_worker_runs,
     rolling_deploy,
     stop,
 )
-from tests.workers import WorkerProcess, wait_for
+from tests.workers import WorkerProcess
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.soak]
 
@@ -59,13 +61,6 @@ for line in sys.stdin:
 """
 
 
-def _succeeded(conn) -> int:
-    return conn.execute(
-        "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
-        [TASK],
-    ).fetchone()[0]
-
-
 def _most_at_once(runs: list[tuple[object, object]]) -> int:
     """The most runs that overlapped at one moment (an end before a start at a tie)."""
     events = sorted([(start, 1) for start, _ in runs] + [(end, -1) for _, end in runs])
@@ -84,11 +79,7 @@ def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_
         try:
             producer.enqueue("before-")
             old = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4", cwd=old_tree)
-            wait_for(
-                lambda: _succeeded(conn) > 30,
-                timeout=120,
-                message=f"the old worker to run jobs\n{old.output()}",
-            )
+            old_worker_runs(conn, TASK, old)
             migrated = migrate_forward(conn)
             # Signals naming no job, folded by the old worker's two-argument call
             # and by the new worker's, once it starts.
@@ -106,17 +97,7 @@ def test_old_and_new_workers_keep_key_limits_across_migration_0025(db_url, open_
                     for n in range(BATCH)
                 ]
             )
-            wait_for(
-                lambda: _succeeded(conn) > BATCH + 30,
-                timeout=120,
-                message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
-            )
-            old.stop()
-            wait_for(
-                lambda: _succeeded(conn) == 3 * BATCH,
-                timeout=300,
-                message=f"every job to succeed\n{new.output()}",
-            )
+            hand_over(conn, TASK, old, new, both_after=BATCH + 30, total=3 * BATCH)
         finally:
             stop(producer, old, new)
         assert_logged_no_error(old, new)

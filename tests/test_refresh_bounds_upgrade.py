@@ -19,11 +19,13 @@ from tests.releases import (
     assert_each_ran_once,
     assert_logged_no_error,
     assert_partitions_in_order,
+    hand_over,
     migrate_forward,
+    old_worker_runs,
     rolling_deploy,
     stop,
 )
-from tests.workers import WorkerProcess, wait_for
+from tests.workers import WorkerProcess
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.soak]
 
@@ -42,13 +44,6 @@ def _enqueue_sql(conn, label: str) -> None:
     )
 
 
-def _succeeded(conn) -> int:
-    return conn.execute(
-        "SELECT count(*) FROM django_pgqueue_job_all WHERE task_path = %s AND status = 'succeeded'",
-        [TASK],
-    ).fetchone()[0]
-
-
 def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, open_connection):
     conn = open_connection()
     with rolling_deploy("0024_refresh_from_bounds") as old_tree:
@@ -58,11 +53,7 @@ def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, 
         old = WorkerProcess(db_url, "--queue", "default", "--concurrency", "4", cwd=old_tree)
         new = None
         try:
-            wait_for(
-                lambda: _succeeded(conn) > 30,
-                timeout=120,
-                message=f"the old worker to run jobs\n{old.output()}",
-            )
+            old_worker_runs(conn, TASK, old)
             migrated = migrate_forward(conn)
             # The SQL function now names each signal's job; the old worker folds
             # those signals with the functions it knows.
@@ -79,17 +70,7 @@ def test_old_and_new_workers_keep_partition_order_across_migration_0024(db_url, 
                     for n in range(BATCH)
                 ]
             )
-            wait_for(
-                lambda: _succeeded(conn) > BATCH + 30,
-                timeout=120,
-                message=f"both workers to run jobs\n{old.output()}\n{new.output()}",
-            )
-            old.stop()
-            wait_for(
-                lambda: _succeeded(conn) == 3 * BATCH,
-                timeout=300,
-                message=f"every job to succeed\n{new.output()}",
-            )
+            hand_over(conn, TASK, old, new, both_after=BATCH + 30, total=3 * BATCH)
         finally:
             stop(old, new)
         assert_logged_no_error(old, new)

@@ -376,13 +376,9 @@ class _Emptying:
             for number in self.candidates:
                 self._empty(number, detach=number != PARKED)
             return
-        refused = False
         for number in self.candidates:
-            (size,) = one_row(
-                self.conn, "SELECT pg_relation_size(%s::regclass)", [segment_table(number)]
-            )
-            if size and not refused:
-                refused = not self._empty(number, detach=False, wait=short_wait)
+            if not self._empty(number, detach=False, wait=short_wait):
+                return
 
     def _lock(self, table: str, wait: float | None, *, only: bool = False) -> bool:
         """Take ``table``'s exclusive lock for the rest of the step, waiting at most
@@ -405,6 +401,8 @@ class _Emptying:
         whether the lock was granted."""
         table = segment_table(number)
         (size,) = one_row(self.conn, "SELECT pg_relation_size(%s::regclass)", [table])
+        if not size and not detach:
+            return True  # truncated already
         with self.conn.transaction() as step:
             if not self._lock(table, wait):
                 return False
