@@ -181,6 +181,12 @@ def test_enable_then_disable_gives_back_the_migrated_schema(migrated):
             assert relations["django_pgqueue_job"][3] == relations["django_pgqueue_job_s0"][3]
             assert f"{role}=arwd/" in str(relations["django_pgqueue_job"][3])
             assert f"{role}=U/" in str(relations["django_pgqueue_job_id_seq"][3])
+            # The role reads the segment its jobs go to (the column's default). Without
+            # a grant on the sequence it could not enqueue: a query of the sequence is
+            # refused, and pg_sequence_last_value gives NULL from PostgreSQL 17 on.
+            with conn.transaction():
+                conn.execute(f"SET LOCAL ROLE {role}")
+                assert conn.execute("SELECT pgq_current_segment()").fetchone() == (0,)
             functions = {row[0]: row for row in on_segments["functions"]}
             coalesced = next(name for name in functions if "enqueue_coalesced" in name)
             assert f"{role}=X/" in str(functions[coalesced][2])
