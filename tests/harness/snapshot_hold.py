@@ -8,16 +8,20 @@ index's size, and the statements running longer than 100 ms.
 
 usage: snapshot_hold.py ADMIN_DSN DBNAME --base S --hold S --after S [--workers 2]
        [--conc 10] [--backlog 20000] [--window 10] [--partitions N | --keys N] [--code PATH]
-       [--segments SECONDS [--no-ahead] | --product-segments]
-(the database DBNAME is dropped and created again)
+       [--segments SECONDS [--no-ahead] | --product-segments] [--setting NAME=VALUE ...]
+       [--statements]
+(the database DBNAME is dropped and created again; --statements needs pg_stat_statements
+in the server's shared_preload_libraries)
 """
 
 import argparse
+import ast
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,13 +56,29 @@ args.add_argument("--no-ahead", action="store_true")
 # The product's segmented job table: manage.py pgqueuesegments enable, then the
 # workers' housekeeping rotates it (PGQUEUE_SEGMENT_JOBS, default 100,000).
 args.add_argument("--product-segments", action="store_true")
+# A Django setting for the workers and the producer, over the benchmark project's
+# (PGQUEUE_SEGMENT_JOBS=1000000, say); repeatable. Values are Python literals.
+args.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE")
+# Where the server's time goes: pg_stat_statements reset as each phase starts, and its
+# heaviest statements printed as it ends, per job completed in it.
+args.add_argument("--statements", action="store_true")
 opts = args.parse_args()
 
 dsn = opts.admin_dsn.rsplit("/", 1)[0] + "/" + opts.dbname
 env = dict(os.environ)
 env["BENCH_DSN"] = dsn
-env["PYTHONPATH"] = f"{opts.code}:{BENCH}/lib:{PROJ}"
+paths = [opts.code, f"{BENCH}/lib", PROJ]
 env["DJANGO_SETTINGS_MODULE"] = "benchproj.settings"
+if opts.setting:
+    overrides = tempfile.mkdtemp(prefix="snapbench-settings-")
+    lines = ["from benchproj.settings import *  # noqa: F403"]
+    for item in opts.setting:
+        name, _, value = item.partition("=")
+        lines.append(f"{name} = {ast.literal_eval(value)!r}")
+    Path(overrides, "snapbench_settings.py").write_text("\n".join(lines) + "\n")
+    paths.insert(0, overrides)
+    env["DJANGO_SETTINGS_MODULE"] = "snapbench_settings"
+env["PYTHONPATH"] = ":".join(paths)
 
 with psycopg.connect(opts.admin_dsn, autocommit=True) as admin:
     admin.execute(f'DROP DATABASE IF EXISTS "{opts.dbname}" WITH (FORCE)')
@@ -70,7 +90,7 @@ if opts.product_segments:
     )
 
 os.environ.update(env)
-sys.path[:0] = [opts.code, f"{BENCH}/lib", PROJ]
+sys.path[:0] = paths
 import django  # noqa: E402
 
 django.setup()
@@ -185,6 +205,26 @@ WHERE stat.relid = 'django_pgqueue_job'::regclass
    OR stat.relid IN (SELECT relid FROM pg_partition_tree('django_pgqueue_job'))
 """
 
+STATEMENTS_SQL = """
+SELECT calls, total_exec_time, total_plan_time, shared_blks_hit + shared_blks_read,
+       left(regexp_replace(query, '\\s+', ' ', 'g'), 90)
+FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s)
+ORDER BY total_exec_time + total_plan_time DESC LIMIT 20
+"""
+
+
+def print_statements(conn: psycopg.Connection, phase: str, jobs: int) -> None:
+    """The heaviest statements since the reset: server µs and buffers per job completed."""
+    rows = conn.execute(STATEMENTS_SQL, [opts.dbname]).fetchall()
+    total = sum(execute + plan for _, execute, plan, _, _ in rows)
+    print(f"STATEMENTS {phase} over {jobs} jobs: {1000 * total / max(jobs, 1):.1f} us/job in these")
+    for calls, execute, plan, buffers, text in rows:
+        print(
+            f"  {1000 * execute / max(jobs, 1):7.1f} us/job exec {1000 * plan / max(jobs, 1):5.1f}"
+            f" plan {buffers / max(jobs, 1):6.1f} buf/job {calls:8d} calls  {text}"
+        )
+
+
 holder = None
 phases = [("base", opts.base), ("hold", opts.hold), ("after", opts.after)]
 rates: dict[str, list[float]] = {}
@@ -194,7 +234,12 @@ try:
         deadline = time.monotonic() + 60
         while completed(stats) == 0 and time.monotonic() < deadline:
             time.sleep(0.2)
+        if opts.statements:
+            stats.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            stats.execute("SELECT pg_stat_statements_reset()")
         last_done, last_t = completed(stats), time.monotonic()
+        first_done = last_done
+        measured = "base"
         for phase, seconds in phases:
             if phase == "hold":
                 holder = psycopg.connect(dsn)
@@ -204,6 +249,13 @@ try:
                 holder.rollback()
                 holder.close()
                 holder = None
+            if not seconds:
+                continue
+            if opts.statements and phase != "base":
+                print_statements(stats, measured, last_done - first_done)
+                stats.execute("SELECT pg_stat_statements_reset()")
+                first_done = last_done
+            measured = phase
             end = time.monotonic() + seconds
             while time.monotonic() < end:
                 time.sleep(min(opts.window, max(0.0, end - time.monotonic())))
@@ -246,6 +298,8 @@ try:
                     f"claim_index={index / 2**20:6.1f}MB",
                     flush=True,
                 )
+        if opts.statements:
+            print_statements(stats, measured, last_done - first_done)
     for phase, values in rates.items():
         mean, median = statistics.mean(values), statistics.median(values)
         print(
