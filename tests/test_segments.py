@@ -1476,6 +1476,23 @@ def test_the_operators_views_read_a_job_table_in_segments(migrated):
                 for key, value in params.items()
             }
             conn.execute(QUERIES[name].text, bound).fetchall()
+        # The lag page's table health and the admin's count read the segments' storage
+        # and statistics: the partitioned table has none of its own, and showed 0 bytes,
+        # 0 tuples, never vacuumed, and no estimate.
+        table = store.job_table_health()
+        assert table is not None
+        segment_bytes = sum(
+            conn.execute("SELECT pg_total_relation_size(%s::regclass)", [name]).fetchone()[0]
+            for name in map(segments.segment_table, (0, 1, 2))
+        )
+        assert table.total_bytes >= segment_bytes > 0
+        assert table.table_bytes > 0
+        assert table.index_bytes > 0
+        assert table.live_tuples >= 9_000
+        assert table.last_analyze is not None
+        estimate = store.estimated_job_count()
+        assert estimate is not None
+        assert 9_000 <= estimate <= 12_000
         lag = {row.queue: row for row in store.queue_lag(["default"])}
         assert lag["default"].processing >= 1
         assert lag["default"].dead_letters == 1

@@ -10,49 +10,68 @@
 
 -- name: estimated_job_count
 -- The planner's estimate of the jobs of both tiers: each table's reltuples scaled to its
--- current size, as the planner itself does, summed over the job table and the history's
--- partitions (one not analyzed yet counts as empty). NULL until the job table has been
--- analyzed. Uses no index: it reads pg_class only.
+-- current size, as the planner itself does, summed over the job table's storage (the
+-- table itself, or its segments: a partitioned table has none of its own) and the
+-- history's partitions. NULL until the job table has been analyzed (a segment not
+-- analyzed yet counts as empty once another has been; a history partition always
+-- does). Uses no index: it reads pg_class only.
+WITH stored AS (
+    -- pg_partition_tree lists nothing for a table that is not partitioned.
+    SELECT 'django_pgqueue_job'::regclass::oid AS oid, 'job' AS tier
+    UNION ALL
+    SELECT tree.relid, 'job'
+    FROM pg_partition_tree('django_pgqueue_job'::regclass) AS tree
+    WHERE tree.isleaf
+    UNION ALL
+    SELECT tree.relid, 'history'
+    FROM pg_partition_tree('django_pgqueue_job_history'::regclass) AS tree
+    WHERE tree.isleaf
+),
+estimated AS (
+    SELECT stored.tier,
+        CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN NULL
+        ELSE cls.reltuples / cls.relpages
+            * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
+        END AS rows
+    FROM stored
+    JOIN pg_class AS cls ON cls.oid = stored.oid
+)
 SELECT (
-    (
-        SELECT CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN NULL
-            ELSE cls.reltuples / cls.relpages
-                * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
-            END
-        FROM pg_class AS cls
-        WHERE cls.oid = 'django_pgqueue_job'::regclass
-    ) + COALESCE((
-        SELECT sum(
-            CASE WHEN cls.reltuples < 0 OR cls.relpages = 0 THEN 0
-            ELSE cls.reltuples / cls.relpages
-                * (pg_relation_size(cls.oid) / current_setting('block_size')::integer)
-            END
-        )
-        FROM pg_partition_tree('django_pgqueue_job_history'::regclass) AS tree
-        JOIN pg_class AS cls ON cls.oid = tree.relid
-        WHERE tree.isleaf
-    ), 0)
+    -- sum() skips the NULLs of tables not analyzed, and is NULL when all of them are.
+    (SELECT sum(estimated.rows) FROM estimated WHERE estimated.tier = 'job')
+    + COALESCE((SELECT sum(estimated.rows) FROM estimated WHERE estimated.tier = 'history'), 0)
 )::bigint AS estimate
 
 
 -- name: job_table_health
--- Size, live and dead tuples, and the last vacuum and analyze of the job table.
--- Uses no index: it reads the statistics views only.
+-- Size, live and dead tuples, and the last vacuum and analyze of the job table: summed
+-- over its segments when it is in segments (a partitioned table has no storage and no
+-- statistics of its own; the latest vacuum and analyze of any segment). No row when
+-- the statistics views show none of it. Uses no index: it reads the statistics views
+-- only.
 SELECT
-    pg_total_relation_size(stat.relid) AS total_bytes,
-    pg_relation_size(stat.relid) AS table_bytes,
-    pg_indexes_size(stat.relid) AS index_bytes,
-    stat.n_live_tup AS live_tuples,
-    stat.n_dead_tup AS dead_tuples,
-    stat.n_mod_since_analyze AS modified_since_analyze,
-    stat.last_vacuum,
-    stat.last_autovacuum,
-    stat.last_analyze,
-    stat.last_autoanalyze,
-    stat.autovacuum_count,
-    stat.autoanalyze_count
+    sum(pg_total_relation_size(stat.relid))::bigint AS total_bytes,
+    sum(pg_relation_size(stat.relid))::bigint AS table_bytes,
+    sum(pg_indexes_size(stat.relid))::bigint AS index_bytes,
+    sum(stat.n_live_tup)::bigint AS live_tuples,
+    sum(stat.n_dead_tup)::bigint AS dead_tuples,
+    sum(stat.n_mod_since_analyze)::bigint AS modified_since_analyze,
+    max(stat.last_vacuum) AS last_vacuum,
+    max(stat.last_autovacuum) AS last_autovacuum,
+    max(stat.last_analyze) AS last_analyze,
+    max(stat.last_autoanalyze) AS last_autoanalyze,
+    sum(stat.autovacuum_count)::bigint AS autovacuum_count,
+    sum(stat.autoanalyze_count)::bigint AS autoanalyze_count
 FROM pg_stat_user_tables AS stat
 WHERE stat.relid = 'django_pgqueue_job'::regclass
+    -- pg_partition_tree lists nothing for a table that is not partitioned; a
+    -- partitioned one's own row holds zeros.
+    OR stat.relid IN (
+        SELECT tree.relid
+        FROM pg_partition_tree('django_pgqueue_job'::regclass) AS tree
+        WHERE tree.isleaf
+    )
+HAVING count(*) > 0
 
 
 -- name: vacuum_horizon
