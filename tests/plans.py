@@ -74,7 +74,9 @@ def explain(
         )
         (rows,) = conn.execute(query).fetchone()  # type: ignore[misc]
     finally:
-        conn.execute("RESET plan_cache_mode; RESET enable_seqscan; RESET jit")
+        conn.execute(
+            "RESET plan_cache_mode; RESET enable_seqscan; RESET enable_bitmapscan; RESET jit"
+        )
         conn.execute("DEALLOCATE probe")
     return _root(rows)
 

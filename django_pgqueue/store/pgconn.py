@@ -40,8 +40,15 @@ DEFAULT_PREPARE_THRESHOLD = 2
 # cost, which then passes every JIT threshold: JIT is off, or each such statement
 # would spend a quarter of a second compiling (our statements are short; JIT never
 # pays for them).
+# Bitmap scans are off for the same reason from the other side: under a long-held
+# snapshot pgq_job_claim fills with dead entries while few jobs are live, and a plan made
+# after an ANALYZE then may cost it above a bitmap scan of pgq_job_filter_brin, whose
+# summaries match every block range of a busy queue. Measured, the claims read the whole
+# table for seconds each, and the queue stalled for a minute at a time, until another
+# ANALYZE (performance.md). Every statement of ours has an index scan of its own.
 GENERIC_PLAN_SESSION = (
-    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET jit = off"
+    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; "
+    "SET enable_bitmapscan = off; SET jit = off"
 )
 
 
