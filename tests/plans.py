@@ -42,13 +42,15 @@ def explain(
     *,
     generic: bool = False,
     analyze: bool = False,
+    session: str = "",
 ) -> dict[str, Any]:
     """Return the root node of the plan of ``text`` (named ``%(x)s`` placeholders).
 
     ``generic`` prepares the text with numbered parameters in a worker's session and
     explains its execution, so the plan is the one a worker's prepared statement gets; the
     session's settings are reset afterwards. ``analyze`` runs the statement (the caller
-    rolls back what it wrote).
+    rolls back what it wrote). ``session``: more settings for the generic plan's session
+    (``CLAIM_SESSION``, for the statements a worker's claiming connections send).
     """
     options = "ANALYZE, FORMAT JSON" if analyze else "FORMAT JSON"
     if not generic:
@@ -63,7 +65,7 @@ def explain(
 
     conn.execute("DEALLOCATE ALL")
     conn.execute(f"PREPARE probe AS {_NAMED.sub(number, text)}")
-    conn.execute(GENERIC_PLAN_SESSION)
+    conn.execute(GENERIC_PLAN_SESSION + (f"; {session}" if session else ""))
     try:
         arguments = sql.SQL(", ").join(sql.Literal(params[key]) for key in order)
         # A statement without parameters is executed without parentheses.

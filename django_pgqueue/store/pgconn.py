@@ -15,7 +15,7 @@ from django.db import connections
 from psycopg.adapt import AdaptersMap
 from psycopg.types.string import TextLoader
 
-__all__ = ["GENERIC_PLAN_SESSION", "connect"]
+__all__ = ["CLAIM_SESSION", "GENERIC_PLAN_SESSION", "connect"]
 
 # jsonb arrives as text, as on Django's connections (our code decodes it where needed);
 # timestamps use psycopg's own C loader rather than Django's Python wrapper around it,
@@ -40,16 +40,19 @@ DEFAULT_PREPARE_THRESHOLD = 2
 # cost, which then passes every JIT threshold: JIT is off, or each such statement
 # would spend a quarter of a second compiling (our statements are short; JIT never
 # pays for them).
-# Bitmap scans are off for the same reason from the other side: under a long-held
-# snapshot pgq_job_claim fills with dead entries while few jobs are live, and a plan made
-# after an ANALYZE then may cost it above a bitmap scan of pgq_job_filter_brin, whose
-# summaries match every block range of a busy queue. Measured, the claims read the whole
-# table for seconds each, and the queue stalled for a minute at a time, until another
-# ANALYZE (performance.md). Every statement of ours has an index scan of its own.
 GENERIC_PLAN_SESSION = (
-    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; "
-    "SET enable_bitmapscan = off; SET jit = off"
+    "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; SET jit = off"
 )
+
+# ... and of a worker's connection that claims, on top: under a long-held snapshot
+# pgq_job_claim fills with dead entries while few jobs are live, and a plan made after an
+# ANALYZE then may cost it above a bitmap scan of pgq_job_filter_brin, whose summaries
+# match every block range of a busy queue. Measured, every claim read the whole table
+# for seconds, and the queue stalled for a minute at a time, until another ANALYZE
+# (performance.md). Only there: every statement of ours has an index scan of its own,
+# but with bitmap scans off on every connection of the workers one such hold drained at
+# 57% of its rate (no stall), which is not understood yet.
+CLAIM_SESSION = "SET enable_bitmapscan = off"
 
 
 def connect(
@@ -58,12 +61,14 @@ def connect(
     application_name: str | None = None,
     prepare: bool = True,
     connect_timeout: int = 10,
+    claims: bool = False,
 ) -> psycopg.Connection[Any]:
     """Open an autocommit connection to the database of Django alias ``alias``.
 
     It uses Django's parameters (host, credentials, OPTIONS), binds parameters
     server-side, and returns jsonb as text and timestamps as aware UTC datetimes. TCP
     keepalives are on, so a dead peer is noticed even on an idle LISTEN connection.
+    ``claims``: the connection sends claims (:data:`CLAIM_SESSION`).
     """
     wrapper = connections[alias]
     params: dict[str, Any] = wrapper.get_connection_params()
@@ -89,5 +94,7 @@ def connect(
         # Without prepared statements (for PgBouncer in transaction mode) nothing is
         # cached: each plan is made from the table as it is.
         session += "; " + GENERIC_PLAN_SESSION
+        if claims:
+            session += "; " + CLAIM_SESSION
     connection.execute(session)
     return connection

@@ -209,7 +209,9 @@ class Batcher:
         self._runner = runner
         self._options: WorkerOptions = worker.options
         # Opened on first use: a worker that runs no batched task never connects it.
-        self.slot = ConnectionSlot(worker.options.database, f"pgqueue batches {worker.id}")
+        self.slot = ConnectionSlot(
+            worker.options.database, f"pgqueue batches {worker.id}", claims=True
+        )
 
     def run_sync(self, flight: InFlight) -> Outcome | list[Outcome]:
         """Run ``flight`` on its own, or as the leader of a batch."""

@@ -50,9 +50,11 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 class ConnectionSlot:
     """One dedicated autocommit connection of a worker, reopened after it breaks."""
 
-    def __init__(self, alias: str, name: str) -> None:
+    def __init__(self, alias: str, name: str, *, claims: bool = False) -> None:
         self.alias = alias
         self.name = name
+        #: Whether the connection sends claims (its session plans them safely: pgconn).
+        self.claims = claims
         self._connection: psycopg.Connection[Any] | None = None
         self._store: QueueStore | None = None
         self._lock = threading.RLock()
@@ -62,7 +64,9 @@ class ConnectionSlot:
         """Return a store on the connection, opening it first if needed."""
         with self._lock:
             if self._store is None or self._connection is None or self._connection.closed:
-                self._connection = connect(self.alias, application_name=self.name)
+                self._connection = connect(
+                    self.alias, application_name=self.name, claims=self.claims
+                )
                 self._store = QueueStore(PsycopgRunner(self._connection, self.alias))
             return self._store
 

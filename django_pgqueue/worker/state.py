@@ -95,7 +95,7 @@ class WorkerState:
         )
         self._next_hand_back_check = 0.0
         self._retry_policy = RetryPolicy.from_settings()
-        self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}")
+        self._slot = ConnectionSlot(options.database, f"pgqueue dispatcher {self.id}", claims=True)
         self._recorder_slot = ConnectionSlot(options.database, f"pgqueue recorder {self.id}")
         self._control = ConnectionSlot(options.database, f"pgqueue heartbeat {self.id}")
         # Step writes of async tasks: never on the heartbeat's connection, so a step
