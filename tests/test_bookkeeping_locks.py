@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from psycopg import sql
@@ -218,30 +219,75 @@ def test_an_atomic_job_committing_while_the_heartbeat_meets_its_row_is_counted_s
     )
 
 
+#: Rows finished before migration 0020 (the upgrade left them in the job table) are the
+#: only finished rows housekeeping deletes from it, in ``prune_finished`` batches.
+_OLD_FINISHED = {
+    "status": "'succeeded'",
+    "attempts": "1",
+    "started_at": "now() - interval '1 day'",
+    "finished_at": "now() - interval '1 day'",
+}
+#: ``prune_finished`` as ``pg_stat_activity`` shows it (its ``doomed`` rows, no dead letters).
+_PRUNING = (
+    "SELECT count(*) FROM pg_stat_activity "
+    "WHERE datname = current_database() AND state = 'active' "
+    "AND application_name LIKE 'pgqueue housekeeping%%' "
+    "AND query ILIKE '%%delete from django_pgqueue_job as job%%' "
+    "AND query ILIKE '%%doomed%%' AND query NOT ILIKE '%%dead_letter%%'"
+)
+
+
 def _seed_old_succeeded_jobs(observer, count: int) -> None:
-    """Insert ``count`` jobs that succeeded a day ago (for housekeeping to prune)."""
+    """Insert ``count`` jobs that succeeded a day ago into the job table, as the previous
+    release left them there, for ``prune_finished`` to delete.
+
+    Finishing a job by UPDATE would move it to the history (the to-history trigger), so
+    the rows are inserted finished, copied from a pending job that is then deleted.
+    """
     seed = Job.objects.enqueue("tests.tasks.noop").pk
-    observer.execute(
-        "UPDATE django_pgqueue_job SET status = 'succeeded', attempts = 1, "
-        "started_at = now() - interval '1 day', finished_at = now() - interval '1 day' "
-        "WHERE id = %s",
-        [seed],
-    )
-    columns = [
-        sql.Identifier(name)
+    names = [
+        name
         for (name,) in observer.execute(
             "SELECT column_name FROM information_schema.columns "
-            "WHERE table_name = 'django_pgqueue_job' AND column_name <> 'id'"
+            "WHERE table_schema = current_schema() AND table_name = 'django_pgqueue_job' "
+            "AND column_name <> 'id' ORDER BY ordinal_position"
         ).fetchall()
     ]
-    listed = sql.SQL(", ").join(columns)
+    values = [
+        sql.SQL(_OLD_FINISHED[name]) if name in _OLD_FINISHED else sql.Identifier(name)
+        for name in names
+    ]
     observer.execute(
         sql.SQL(
-            "INSERT INTO django_pgqueue_job ({columns}) SELECT {columns} "
+            "INSERT INTO django_pgqueue_job ({columns}) SELECT {values} "
             "FROM django_pgqueue_job, generate_series(1, %s) WHERE id = %s"
-        ).format(columns=listed),
-        [count - 1, seed],
+        ).format(
+            columns=sql.SQL(", ").join(map(sql.Identifier, names)),
+            values=sql.SQL(", ").join(values),
+        ),
+        [count, seed],
     )
+    observer.execute("DELETE FROM django_pgqueue_job WHERE id = %s", [seed])
+    assert _old_succeeded_in_job_table(observer) == count
+
+
+def _old_succeeded_in_job_table(observer) -> int:
+    return observer.execute(
+        "SELECT count(*) FROM django_pgqueue_job "
+        "WHERE status = 'succeeded' AND finished_at < now() - interval '1 hour'"
+    ).fetchone()[0]
+
+
+def _reaped_and_unlocked(observer, job_id: int) -> bool:
+    """Whether the job's reap is committed and nobody holds its row lock right now."""
+    try:
+        with observer.transaction():
+            row = observer.execute(
+                "SELECT status FROM django_pgqueue_job WHERE id = %s FOR UPDATE NOWAIT", [job_id]
+            ).fetchone()
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return row is not None and row[0] != JobStatus.PROCESSING
 
 
 def test_a_housekeeping_pass_keeps_no_reaped_row_locked_while_it_prunes(workers, observer, db_url):
@@ -260,9 +306,12 @@ def test_a_housekeeping_pass_keeps_no_reaped_row_locked_while_it_prunes(workers,
             message="the paused worker's lease to expire",
         )
         with LockWatch(db_url) as watch:
-            # Its first pass reaps the expired lease, then prunes 500,000 old jobs.
+            # Its first pass reaps the expired lease, then prunes 500,000 old jobs. It
+            # serves another queue, so nothing but the reap and the prune touches the job.
             workers(
                 *LEASE,
+                "--queue",
+                "reports",
                 settings={
                     **RECOVERY,
                     "RETENTION_SECONDS": 3600,
@@ -271,16 +320,15 @@ def test_a_housekeeping_pass_keeps_no_reaped_row_locked_while_it_prunes(workers,
                 },
             )
             wait_for(
-                lambda: observer.execute(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND state = 'active' "
-                    "AND application_name LIKE 'pgqueue housekeeping%%' "
-                    "AND query ILIKE '%%delete from django_pgqueue_job%%'"
-                ).fetchone()[0],
+                lambda: observer.execute(_PRUNING).fetchone()[0],
                 timeout=30,
                 interval=0.01,
                 message="the housekeeping pass to prune",
             )
+            # While the prune runs, the reap is committed and its row free to lock.
+            free = _reaped_and_unlocked(observer, job_id)
+            pruning = observer.execute(_PRUNING).fetchone()[0]
+            assert free or not pruning, "the reaped job's row is locked while the pass prunes"
             first.send(signal.SIGCONT)
             # The first worker's heartbeat extends the reaped lease (and learns it is lost).
             wait_for(
@@ -290,6 +338,11 @@ def test_a_housekeeping_pass_keeps_no_reaped_row_locked_while_it_prunes(workers,
             )
     finally:
         first.send(signal.SIGCONT)
+    wait_for(
+        lambda: _old_succeeded_in_job_table(observer) == 0,
+        timeout=60,
+        message="the housekeeping pass to prune every old job",
+    )
     assert not watch.errors, watch.errors
     heartbeat = f"pgqueue heartbeat {first_id}"[:63]
     waited = watch.longest(lambda wait: wait.application_name == heartbeat)
