@@ -110,15 +110,27 @@ class WorkerFleet:
         return pids
 
     def _supervised_children(self) -> list[int]:
+        return sorted(self._children_now() or ())
+
+    def _children_now(self) -> set[int] | None:
+        """The supervisor's live children; None when they could not be listed.
+
+        A child that exits between the listing and its status check is skipped on its
+        own: one killed child must not make every other child look gone (as a listing
+        given up whole did, recording a running child as one that exited on its own).
+        """
         if self._supervisor is None or self._supervisor.process.poll() is not None:
-            return []
-        with contextlib.suppress(psutil.Error):
-            return [
-                child.pid
-                for child in psutil.Process(self._supervisor.pid).children()
-                if child.status() != psutil.STATUS_ZOMBIE
-            ]
-        return []
+            return set()
+        try:
+            listed = psutil.Process(self._supervisor.pid).children()
+        except psutil.Error:
+            return None
+        alive = set()
+        for child in listed:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    alive.add(child.pid)
+        return alive
 
     # ------------------------------------------------------------------ faults
     def pause(self, pid: int, seconds: float) -> None:
@@ -206,7 +218,9 @@ class WorkerFleet:
                 )
                 self._retired.append(worker)
                 self._workers[index] = self._spawn()
-        children = set(self._supervised_children())
+        children = self._children_now()
+        if children is None:
+            return
         for gone in self._children - children:
             if gone not in self._killed:
                 self.exits.append(ProcessExit(gone, utcnow(), None, injected=False))

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
+import signal
+import subprocess
 
+import psutil
 import pytest
 
+from tests.faults import WorkerFleet
 from tests.invariants import Evidence, Fault, ProcessExit, check, executions
+from tests.workers import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -245,3 +252,50 @@ def test_a_start_long_after_the_kill_is_not_explained_by_it():
     (running,) = _started_only(5.0)
     assert running.how is None
     assert running.end is None
+
+
+class _Parent:
+    """A stand-in supervisor: a shell with two children, as ``WorkerFleet`` sees one."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"])
+        self.pid = self.process.pid
+
+    def children(self) -> list[int]:
+        with contextlib.suppress(psutil.Error):
+            return sorted(child.pid for child in psutil.Process(self.pid).children())
+        return []
+
+
+def test_the_fleet_records_a_child_gone_only_when_it_is_gone(monkeypatch):
+    # A child reaped between the supervisor's listing and its status check once made the
+    # whole listing fail: every other child looked gone, and a running worker was
+    # reported as having exited on its own.
+    parent = _Parent()
+    try:
+        wait_for(lambda: len(parent.children()) == 2, timeout=10, message="two children")
+        first, second = parent.children()
+        fleet = WorkerFleet(db_url="", args=(), settings={}, standalone=0, supervised=0)
+        fleet._supervisor = parent  # type: ignore[assignment]
+        fleet.tick()
+        assert fleet._children == {first, second}
+        real_status = psutil.Process.status
+
+        def status(process: psutil.Process) -> str:
+            if process.pid == first:
+                raise psutil.NoSuchProcess(first)
+            return real_status(process)
+
+        monkeypatch.setattr(psutil.Process, "status", status)
+        fleet.tick()
+        # The vanished child is gone; the other still runs, and no exit is made up for it.
+        assert [exit_.pid for exit_ in fleet.exits] == [first]
+        assert fleet._children == {second}
+        monkeypatch.undo()
+        os.kill(second, signal.SIGKILL)
+        wait_for(lambda: parent.children() == [first], timeout=10, message="the kill")
+        fleet.tick()
+        assert [exit_.pid for exit_ in fleet.exits] == [first, second]
+    finally:
+        parent.process.kill()
+        parent.process.wait(10)
